@@ -1,0 +1,163 @@
+// echo_client: calls demo.Echo/Say and prints what it sent and what came back.
+//
+//   echo_client --target tcp://127.0.0.1:7471 --message hello --count 3
+//
+// Exit codes: 0 every call succeeded with the right reply, 1 a call failed or a reply did not
+// match, 2 bad arguments, 3 could not connect.
+#include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include "examples/common/flags.h"
+#include "proto/echo.rdmarpc.pb.h"
+#include "rpc/rdmarpc.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
+    "                   [--payload-bytes N] [--timeout-ms N] [--quiet] [--log-level LEVEL]\n"
+    "\n"
+    "Calls demo.Echo/Say on a running echo_server and checks every reply.\n"
+    "\n"
+    "  --target URI         server address (default tcp://127.0.0.1:7471)\n"
+    "  --message TEXT       message to send (default 'hello')\n"
+    "  --count N            calls to make (default 1)\n"
+    "  --concurrency N      calls in flight at once on the one connection (default 1)\n"
+    "  --payload-bytes N    extra payload bytes per request (default 0)\n"
+    "  --timeout-ms N       per-call deadline (default 5000; 0 = none)\n"
+    "  --connect-retry-ms N keep retrying the connection this long (default 0)\n"
+    "  --quiet              print only the summary\n"
+    "  --log-level LEVEL    trace|debug|info|warn|error|off\n"
+    "  --help               this text\n"
+    "\n"
+    "Exit codes: 0 all calls OK, 1 a call failed or a reply differed, 2 bad arguments,\n"
+    "3 could not connect.\n";
+
+struct Config {
+  std::string target, message;
+  long count, concurrency, payload_bytes, timeout_ms, connect_retry_ms;
+  bool quiet;
+};
+
+struct Outcome {
+  int exit_code = 0;
+  long ok = 0, failed = 0;
+  std::vector<double> latencies_us;
+};
+
+boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, long& next,
+                                    Outcome& out) {
+  demo::SayRequest req;
+  req.set_payload(std::string(cfg.payload_bytes, 'x'));
+  while (next < cfg.count) {
+    const long i = next++;
+    req.set_message(cfg.count == 1 ? cfg.message : cfg.message + " #" + std::to_string(i + 1));
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = co_await stub.Say(req, {.timeout = std::chrono::milliseconds(cfg.timeout_ms)});
+    auto t1 = std::chrono::steady_clock::now();
+    out.latencies_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    if (!r.ok()) {
+      ++out.failed;
+      out.exit_code = 1;
+      std::cout << "call " << i + 1 << " failed: " << r.status().ToString() << std::endl;
+      continue;
+    }
+    if (r->message() != req.message() || r->payload() != req.payload()) {
+      ++out.failed;
+      out.exit_code = 1;
+      std::cout << "call " << i + 1 << ": reply does not match the request" << std::endl;
+      continue;
+    }
+    ++out.ok;
+    if (!cfg.quiet) {
+      std::cout << "sent \"" << req.message() << "\" -> got \"" << r->message() << "\" from "
+                << r->served_by() << " in "
+                << static_cast<long>(out.latencies_us.back()) << " us" << std::endl;
+    }
+  }
+}
+
+boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(cfg.connect_retry_ms);
+  auto channel = co_await rdmarpc::Channel::Connect(cfg.target);
+  while (!channel.ok() && std::chrono::steady_clock::now() < deadline) {
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
+                                std::chrono::milliseconds(100));
+    co_await t.async_wait(boost::asio::use_awaitable);
+    channel = co_await rdmarpc::Channel::Connect(cfg.target);
+  }
+  if (!channel.ok()) {
+    std::cerr << "echo_client: cannot connect to " << cfg.target << ": "
+              << channel.status().message() << std::endl;
+    out.exit_code = 3;
+    co_return;
+  }
+  demo::Echo::Stub stub(*channel);
+  long next = 0;
+  // `concurrency` workers share one connection; each keeps one call in flight.
+  auto ex = co_await boost::asio::this_coro::executor;
+  long running = cfg.concurrency;
+  boost::asio::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
+  for (long w = 0; w < cfg.concurrency; ++w) {
+    boost::asio::co_spawn(ex, Worker(stub, cfg, next, out), [&](std::exception_ptr) {
+      if (--running == 0) all_done.cancel();
+    });
+  }
+  co_await all_done.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rdmarpc::examples::Flags flags(
+      argc, argv,
+      {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
+       {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
+       {"quiet", false}, {"log-level", true}, {"help", false}});
+  if (flags.has("help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  Config cfg;
+  cfg.target = flags.get("target", "tcp://127.0.0.1:7471");
+  cfg.message = flags.get("message", "hello");
+  cfg.count = flags.get_int("count", 1, 1, 1000000000);
+  cfg.concurrency = flags.get_int("concurrency", 1, 1, 100000);
+  cfg.payload_bytes = flags.get_int("payload-bytes", 0, 0, 64 << 20);
+  cfg.timeout_ms = flags.get_int("timeout-ms", 5000, 0, 86400000);
+  cfg.connect_retry_ms = flags.get_int("connect-retry-ms", 0, 0, 600000);
+  cfg.quiet = flags.has("quiet");
+  if (!flags.error().empty()) {
+    std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;
+    return 2;
+  }
+  if (!rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
+    std::cerr << "echo_client: unknown log level\n\n" << kUsage;
+    return 2;
+  }
+  boost::asio::io_context ioc(1);
+  Outcome out;
+  auto t0 = std::chrono::steady_clock::now();
+  boost::asio::co_spawn(ioc, Main(cfg, out), boost::asio::detached);
+  ioc.run();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (out.exit_code == 3) return 3;
+  auto& lat = out.latencies_us;
+  std::sort(lat.begin(), lat.end());
+  double p50 = lat.empty() ? 0 : lat[lat.size() / 2];
+  double p99 = lat.empty() ? 0 : lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  std::printf("echo_client: %ld ok, %ld failed in %.3f s (%.0f calls/s); latency p50 %.1f us, p99 %.1f us\n",
+              out.ok, out.failed, secs, out.ok / secs, p50, p99);
+  return out.exit_code;
+}

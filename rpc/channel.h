@@ -1,0 +1,85 @@
+// Channel: the client side of one connection to a server, multiplexing any number of concurrent
+// calls by call id. Generated stubs call through it.
+//
+// Threading: a channel lives on one executor (an io_context run by one thread). Calls may be
+// awaited from coroutines on any executor: from elsewhere they hop to the channel's executor and
+// back. The blocking API (Run, BlockingStub) must not be used from the channel's own thread.
+//
+// Errors: every call completes with a Status, never hangs: UNAVAILABLE once the connection is
+// gone, DEADLINE_EXCEEDED when the timeout passes, RESOURCE_EXHAUSTED for an oversized request,
+// or whatever the server's handler returned.
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+#include <memory>
+#include <string>
+
+#include "rpc/context.h"
+#include "rpc/event_loop.h"
+#include "rpc/service.h"
+#include "rpc/status.h"
+#include "transport/transport.h"
+
+namespace rdmarpc {
+
+struct ChannelOptions {
+  transport::Options transport;
+};
+
+namespace internal {
+class ChannelCore;
+}
+
+class Channel {
+ public:
+  // Connects to `uri` ("tcp://host:port" or "rdma://host:port"); the channel lives on the
+  // calling coroutine's executor, whose io_context must be run by a single thread.
+  static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(
+      std::string uri, ChannelOptions options = {});
+
+  // Connects from ordinary (non-coroutine) code; the channel gets its own event-loop thread.
+  static Result<std::shared_ptr<Channel>> ConnectBlocking(std::string uri,
+                                                          ChannelOptions options = {});
+
+  // Closes the connection; calls still in flight fail with UNAVAILABLE.
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // One unary call. `request` and `reply` must stay alive until the returned awaitable
+  // completes; `reply` is filled only when the Status is OK.
+  boost::asio::awaitable<Status> Call(const MethodInfo& method,
+                                      const google::protobuf::MessageLite& request,
+                                      google::protobuf::MessageLite& reply,
+                                      const CallOptions& options);
+
+  // Runs `work` on the channel's executor and waits for its result. For blocking stubs; must
+  // not be called from the channel's own thread (it would deadlock, so it throws instead).
+  template <class T>
+  T Run(boost::asio::awaitable<T> work) {
+    CheckNotInLoopThread();
+    return boost::asio::co_spawn(executor_, std::move(work), boost::asio::use_future).get();
+  }
+
+  // Closes the connection now; later calls fail with UNAVAILABLE. Thread-safe.
+  void Close();
+
+  const transport::Executor& executor() const { return executor_; }
+  const std::string& target() const { return target_; }
+
+ private:
+  Channel(std::string target, transport::Executor ex, std::shared_ptr<internal::ChannelCore> core,
+          std::shared_ptr<EventLoopThread> loop);
+  void CheckNotInLoopThread() const;
+
+  std::string target_;
+  transport::Executor executor_;
+  std::shared_ptr<internal::ChannelCore> core_;
+  std::shared_ptr<EventLoopThread> own_loop_;  // set for ConnectBlocking channels
+};
+
+}  // namespace rdmarpc

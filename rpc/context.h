@@ -1,0 +1,63 @@
+// Per-call options (client side) and the per-call context a handler sees (server side).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "rpc/frame.h"
+
+namespace rdmarpc {
+
+// Options for one call. Copyable value; `{}` means no deadline and no metadata.
+struct CallOptions {
+  // Time allowed for the whole call; zero or negative means no deadline. When it passes, the
+  // call fails with DEADLINE_EXCEEDED and the server is told to stop working on it.
+  std::chrono::nanoseconds timeout{0};
+  // Key/value pairs delivered to the handler's ServerContext.
+  Metadata metadata;
+};
+
+// What a handler knows about the call it serves. Owned by the runtime; valid for the whole
+// handler coroutine. Use only from the handler's own thread.
+class ServerContext {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ServerContext() = default;
+  ServerContext(std::string peer, std::string_view method, Clock::time_point deadline,
+                Metadata metadata)
+      : peer_(std::move(peer)),
+        method_(method),
+        deadline_(deadline),
+        metadata_(std::move(metadata)) {}
+
+  // The caller's address, e.g. "tcp://127.0.0.1:50123".
+  const std::string& peer() const { return peer_; }
+  // The full method name, e.g. "/demo.Echo/Say".
+  std::string_view method() const { return method_; }
+  bool has_deadline() const { return deadline_ != Clock::time_point::max(); }
+  // Clock::time_point::max() when the caller set no deadline.
+  Clock::time_point deadline() const { return deadline_; }
+  // Budget left; nanoseconds::max() without a deadline, zero or negative once it has passed.
+  std::chrono::nanoseconds remaining() const {
+    if (!has_deadline()) return std::chrono::nanoseconds::max();
+    return deadline_ - Clock::now();
+  }
+  const Metadata& metadata() const { return metadata_; }
+  // The first value for `key`, or nullptr.
+  const std::string* FindMetadata(std::string_view key) const {
+    for (const auto& [k, v] : metadata_) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+
+ private:
+  std::string peer_;
+  std::string_view method_;  // points at the generated method table (static storage)
+  Clock::time_point deadline_ = Clock::time_point::max();
+  Metadata metadata_;
+};
+
+}  // namespace rdmarpc

@@ -1,0 +1,33 @@
+// EventLoopThread: one io_context run by one dedicated thread. Used by blocking clients and by
+// the server's I/O threads.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <memory>
+#include <optional>
+#include <thread>
+
+namespace rdmarpc {
+
+class EventLoopThread {
+ public:
+  // Starts the thread at once.
+  EventLoopThread();
+  // Stops the loop (abandoning queued work) and joins. Safe to run on the loop thread itself:
+  // then the thread is detached and the context deliberately leaked instead of self-joined.
+  ~EventLoopThread();
+  EventLoopThread(const EventLoopThread&) = delete;
+  EventLoopThread& operator=(const EventLoopThread&) = delete;
+
+  boost::asio::io_context& context() { return *ioc_; }
+  boost::asio::io_context::executor_type executor() { return ioc_->get_executor(); }
+  bool in_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  std::unique_ptr<boost::asio::io_context> ioc_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::thread thread_;
+};
+
+}  // namespace rdmarpc

@@ -1,0 +1,119 @@
+#include "rpc/frame.h"
+
+#include <endian.h>
+
+#include <cstring>
+
+namespace rdmarpc {
+namespace {
+
+template <class T>
+void Put(std::byte* dst, T v) {
+  if constexpr (sizeof(T) == 2) v = htole16(v);
+  if constexpr (sizeof(T) == 4) v = htole32(v);
+  if constexpr (sizeof(T) == 8) v = htole64(v);
+  std::memcpy(dst, &v, sizeof(T));
+}
+
+template <class T>
+T Get(const std::byte* src) {
+  T v;
+  std::memcpy(&v, src, sizeof(T));
+  if constexpr (sizeof(T) == 2) v = le16toh(v);
+  if constexpr (sizeof(T) == 4) v = le32toh(v);
+  if constexpr (sizeof(T) == 8) v = le64toh(v);
+  return v;
+}
+
+}  // namespace
+
+const char* FrameTypeName(FrameType t) {
+  switch (t) {
+    case FrameType::kRequest: return "REQUEST";
+    case FrameType::kResponse: return "RESPONSE";
+    case FrameType::kCancel: return "CANCEL";
+    case FrameType::kPing: return "PING";
+    case FrameType::kPong: return "PONG";
+    case FrameType::kGoAway: return "GOAWAY";
+  }
+  return "UNKNOWN";
+}
+
+void EncodeFrameHeader(const FrameHeader& h, std::byte* dst) {
+  dst[0] = std::byte{kFrameMagic};
+  dst[1] = std::byte{kProtocolVersion};
+  dst[2] = std::byte{static_cast<uint8_t>(h.type)};
+  dst[3] = std::byte{h.flags};
+  Put<uint32_t>(dst + 4, h.method_id);
+  Put<uint64_t>(dst + 8, h.call_id);
+  Put<uint64_t>(dst + 16, h.timeout_us);
+  Put<uint32_t>(dst + 24, h.status);
+  Put<uint32_t>(dst + 28, h.metadata_bytes);
+}
+
+std::string DecodeFrame(std::span<const std::byte> m, DecodedFrame* out) {
+  if (m.size() < kFrameHeaderBytes) {
+    return "truncated frame: " + std::to_string(m.size()) + " bytes, header needs " +
+           std::to_string(kFrameHeaderBytes);
+  }
+  if (static_cast<uint8_t>(m[0]) != kFrameMagic) return "bad frame magic";
+  if (static_cast<uint8_t>(m[1]) != kProtocolVersion) {
+    return "unsupported protocol version " + std::to_string(static_cast<uint8_t>(m[1]));
+  }
+  FrameHeader& h = out->header;
+  const uint8_t type = static_cast<uint8_t>(m[2]);
+  if (type < static_cast<uint8_t>(FrameType::kRequest) ||
+      type > static_cast<uint8_t>(FrameType::kGoAway)) {
+    return "unknown frame type " + std::to_string(type);
+  }
+  h.type = static_cast<FrameType>(type);
+  h.flags = static_cast<uint8_t>(m[3]);
+  h.method_id = Get<uint32_t>(m.data() + 4);
+  h.call_id = Get<uint64_t>(m.data() + 8);
+  h.timeout_us = Get<uint64_t>(m.data() + 16);
+  h.status = Get<uint32_t>(m.data() + 24);
+  h.metadata_bytes = Get<uint32_t>(m.data() + 28);
+  const size_t rest = m.size() - kFrameHeaderBytes;
+  if (h.metadata_bytes > rest || h.metadata_bytes > kMaxMetadataBytes) {
+    return "metadata length " + std::to_string(h.metadata_bytes) + " exceeds the frame";
+  }
+  out->metadata = m.subspan(kFrameHeaderBytes, h.metadata_bytes);
+  out->payload = m.subspan(kFrameHeaderBytes + h.metadata_bytes);
+  return "";
+}
+
+size_t MetadataEncodedSize(const Metadata& md) {
+  size_t n = 0;
+  for (const auto& [k, v] : md) n += 6 + k.size() + v.size();
+  return n;
+}
+
+void EncodeMetadata(const Metadata& md, std::byte* dst) {
+  for (const auto& [k, v] : md) {
+    Put<uint16_t>(dst, static_cast<uint16_t>(k.size()));
+    Put<uint32_t>(dst + 2, static_cast<uint32_t>(v.size()));
+    std::memcpy(dst + 6, k.data(), k.size());
+    std::memcpy(dst + 6 + k.size(), v.data(), v.size());
+    dst += 6 + k.size() + v.size();
+  }
+}
+
+std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out) {
+  out->clear();
+  size_t at = 0;
+  while (at < raw.size()) {
+    if (raw.size() - at < 6) return "truncated metadata entry";
+    const size_t klen = Get<uint16_t>(raw.data() + at);
+    const size_t vlen = Get<uint32_t>(raw.data() + at + 2);
+    at += 6;
+    if (klen > raw.size() - at || vlen > raw.size() - at - klen) {
+      return "metadata entry runs past the end";
+    }
+    const char* p = reinterpret_cast<const char*>(raw.data() + at);
+    out->emplace_back(std::string(p, klen), std::string(p + klen, vlen));
+    at += klen + vlen;
+  }
+  return "";
+}
+
+}  // namespace rdmarpc

@@ -1,0 +1,54 @@
+// Internal: writes one RPC frame (header, metadata, payload) straight into transport memory.
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <cstring>
+#include <string_view>
+
+#include "rpc/frame.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::internal {
+
+class FrameWriter final : public transport::MessageWriter {
+ public:
+  // Payload is a protobuf message (serialized in place) ...
+  FrameWriter(const FrameHeader& h, const Metadata* md, const google::protobuf::MessageLite* msg)
+      : header_(h), metadata_(md), message_(msg) {
+    header_.metadata_bytes = md ? static_cast<uint32_t>(MetadataEncodedSize(*md)) : 0;
+    payload_bytes_ = msg ? msg->ByteSizeLong() : 0;
+  }
+  // ... or raw bytes (an error message).
+  FrameWriter(const FrameHeader& h, std::string_view raw) : header_(h), raw_(raw) {
+    header_.metadata_bytes = 0;
+    payload_bytes_ = raw.size();
+  }
+
+  size_t size() const override {
+    return kFrameHeaderBytes + header_.metadata_bytes + payload_bytes_;
+  }
+
+  void WriteTo(std::byte* dst) const override {
+    EncodeFrameHeader(header_, dst);
+    dst += kFrameHeaderBytes;
+    if (header_.metadata_bytes) {
+      EncodeMetadata(*metadata_, dst);
+      dst += header_.metadata_bytes;
+    }
+    if (message_) {
+      message_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(dst));
+    } else if (!raw_.empty()) {
+      std::memcpy(dst, raw_.data(), raw_.size());
+    }
+  }
+
+ private:
+  FrameHeader header_;
+  const Metadata* metadata_ = nullptr;
+  const google::protobuf::MessageLite* message_ = nullptr;
+  std::string_view raw_;
+  size_t payload_bytes_ = 0;
+};
+
+}  // namespace rdmarpc::internal

@@ -1,0 +1,328 @@
+#include "rpc/server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <condition_variable>
+#include <future>
+#include <optional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "rpc/frame_writer.h"
+
+namespace rdmarpc {
+namespace asio = boost::asio;
+
+namespace internal {
+
+class ServerConnection;
+
+struct IoThread {
+  asio::io_context ioc{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{ioc.get_executor()};
+  std::thread thread;
+  // Open connections of this thread; touched only on this thread.
+  std::unordered_set<std::shared_ptr<ServerConnection>> connections;
+};
+
+struct ServerCore {
+  ServerOptions options;
+  // Written only before Start, read-only afterwards: lock-free lookups on every call.
+  std::unordered_map<uint32_t, std::pair<Service*, const MethodEntry*>> methods;
+  std::vector<std::unique_ptr<transport::Listener>> listeners;
+  std::atomic<bool> started{false};
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stopped{false};
+  std::atomic<int64_t> in_flight{0};
+
+  std::mutex mu;  // guards shutdown hand-off between threads (set-up path only)
+  std::condition_variable cv;
+  bool shutdown_requested = false;
+
+  // Last, so that it is destroyed first: coroutine frames destroyed with an io_context still
+  // touch the fields above.
+  std::vector<std::unique_ptr<IoThread>> threads;
+};
+
+class ServerConnection final : public transport::ConnectionHandler,
+                               public CallSink,
+                               public std::enable_shared_from_this<ServerConnection> {
+ public:
+  ServerConnection(ServerCore* core, IoThread* thread, std::shared_ptr<transport::Connection> conn)
+      : core_(core), thread_(thread), conn_(std::move(conn)), peer_(conn_->peer()) {}
+
+  const transport::Executor& executor() const override { return executor_; }
+
+  void Begin() {
+    executor_ = conn_->executor();
+    thread_->connections.insert(shared_from_this());
+    conn_->Start(shared_from_this());
+  }
+
+  void Close() {
+    if (conn_) conn_->Close();
+  }
+
+  void OnMessage(std::span<const std::byte> message) override {
+    DecodedFrame f;
+    std::string err = DecodeFrame(message, &f);
+    if (!err.empty()) {
+      // The stream can no longer be trusted; drop this connection, keep serving the others.
+      spdlog::warn("server: malformed frame from {}: {}; closing that connection", peer_, err);
+      conn_->Close();
+      return;
+    }
+    switch (f.header.type) {
+      case FrameType::kRequest:
+        OnRequest(f);
+        break;
+      case FrameType::kPing: {
+        FrameHeader pong;
+        pong.type = FrameType::kPong;
+        pong.call_id = f.header.call_id;
+        conn_->Send(FrameWriter(pong, std::string_view()));
+        break;
+      }
+      default:
+        // CANCEL is advisory in this version (the reply is simply discarded by the caller);
+        // other types are not meant for a server and are ignored, as the protocol specifies.
+        break;
+    }
+  }
+
+  void OnClose(const transport::Error& reason) override {
+    spdlog::debug("server: connection from {} closed: {}", peer_, reason.message);
+    conn_.reset();
+    thread_->connections.erase(shared_from_this());
+  }
+
+  void FinishCall(uint64_t call_id, const Status& status,
+                  const google::protobuf::MessageLite* reply) override {
+    core_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (!conn_ || conn_->closed()) return;  // the caller is gone; nothing to deliver
+    FrameHeader h;
+    h.type = FrameType::kResponse;
+    h.call_id = call_id;
+    if (status.ok()) {
+      FrameWriter w(h, nullptr, reply);
+      if (w.size() <= conn_->max_message_bytes()) {
+        conn_->Send(w);
+        return;
+      }
+      SendError(h, Status(StatusCode::kResourceExhausted,
+                          "reply of " + std::to_string(w.size()) +
+                              " bytes exceeds the message limit of " +
+                              std::to_string(conn_->max_message_bytes())));
+      return;
+    }
+    SendError(h, status);
+  }
+
+ private:
+  void SendError(FrameHeader h, const Status& status) {
+    h.status = static_cast<uint32_t>(status.code());
+    std::string_view msg = status.message();
+    // Keep error text small: it is for humans, not a data channel.
+    if (msg.size() > 4096) msg = msg.substr(0, 4096);
+    conn_->Send(FrameWriter(h, msg));
+  }
+
+  void OnRequest(const DecodedFrame& f) {
+    FrameHeader reply;
+    reply.type = FrameType::kResponse;
+    reply.call_id = f.header.call_id;
+    if (core_->draining.load(std::memory_order_relaxed)) {
+      SendError(reply, Status(StatusCode::kUnavailable, "server is shutting down"));
+      return;
+    }
+    auto it = core_->methods.find(f.header.method_id);
+    if (it == core_->methods.end()) {
+      char id[16];
+      std::snprintf(id, sizeof id, "0x%08x", f.header.method_id);
+      SendError(reply, Status(StatusCode::kUnimplemented,
+                              std::string("unknown method id ") + id + " on this server"));
+      return;
+    }
+    Metadata md;
+    if (!f.metadata.empty()) {
+      std::string err = DecodeMetadata(f.metadata, &md);
+      if (!err.empty()) {
+        SendError(reply, Status(StatusCode::kInvalidArgument, "bad call metadata: " + err));
+        return;
+      }
+    }
+    auto deadline = ServerContext::Clock::time_point::max();
+    if (f.header.timeout_us) {
+      deadline = ServerContext::Clock::now() + std::chrono::microseconds(f.header.timeout_us);
+    }
+    const MethodEntry* entry = it->second.second;
+    core_->in_flight.fetch_add(1, std::memory_order_relaxed);
+    entry->handler->Start(
+        *it->second.first,
+        ServerCall(shared_from_this(), f.header.call_id,
+                   ServerContext(peer_, entry->info.full_name, deadline, std::move(md))),
+        f.payload);
+  }
+
+  ServerCore* core_;
+  IoThread* thread_;
+  std::shared_ptr<transport::Connection> conn_;
+  transport::Executor executor_;
+  std::string peer_;
+};
+
+}  // namespace internal
+
+Server::Server(ServerOptions options) : core_(std::make_shared<internal::ServerCore>()) {
+  if (options.io_threads < 1) options.io_threads = 1;
+  core_->options = options;
+  for (int i = 0; i < options.io_threads; ++i) {
+    core_->threads.push_back(std::make_unique<internal::IoThread>());
+  }
+}
+
+Server::~Server() { Shutdown(); }
+
+Status Server::AddService(Service& service) {
+  if (core_->started) {
+    return Status(StatusCode::kFailedPrecondition, "AddService after Start");
+  }
+  for (const MethodEntry& m : service.rdmarpc_methods()) {
+    auto it = core_->methods.find(m.info.id);
+    if (it != core_->methods.end()) {
+      return Status(StatusCode::kAlreadyExists,
+                    "method " + std::string(m.info.full_name) + " has the same id as " +
+                        std::string(it->second.second->info.full_name));
+    }
+  }
+  for (const MethodEntry& m : service.rdmarpc_methods()) {
+    core_->methods.emplace(m.info.id, std::make_pair(&service, &m));
+  }
+  return Status();
+}
+
+Result<std::string> Server::Listen(const std::string& uri) {
+  if (core_->stopped) return Status(StatusCode::kFailedPrecondition, "server is shut down");
+  std::vector<transport::Executor> executors;
+  for (auto& t : core_->threads) executors.push_back(t->ioc.get_executor());
+  internal::ServerCore* core = core_.get();
+  auto listener = transport::Listen(
+      uri, executors,
+      [core](std::shared_ptr<transport::Connection> conn) {
+        if (core->draining) {
+          conn->Close();
+          return;
+        }
+        internal::IoThread* thread = nullptr;
+        for (auto& t : core->threads) {
+          if (t->ioc.get_executor() == conn->executor()) thread = t.get();
+        }
+        auto sc = std::make_shared<internal::ServerConnection>(core, thread, std::move(conn));
+        sc->Begin();
+      },
+      core_->options.transport);
+  if (!listener.ok()) return Status(StatusCode::kUnavailable, listener.error().message);
+  std::string bound = listener.value()->uri();
+  core_->listeners.push_back(std::move(listener.value()));
+  spdlog::info("rdmarpc server listening on {}", bound);
+  return bound;
+}
+
+void Server::Start() {
+  if (core_->started.exchange(true)) return;
+  for (auto& t : core_->threads) {
+    t->thread = std::thread([ctx = &t->ioc] { ctx->run(); });
+  }
+}
+
+void Server::RequestShutdown() {
+  std::lock_guard lock(core_->mu);
+  core_->shutdown_requested = true;
+  core_->cv.notify_all();
+}
+
+void Server::Run() {
+  Start();
+  std::optional<asio::signal_set> signals;
+  if (core_->options.handle_signals) {
+    signals.emplace(core_->threads[0]->ioc, SIGINT, SIGTERM);
+    signals->async_wait([this](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      spdlog::info("rdmarpc server: signal {} received; draining", sig);
+      RequestShutdown();
+    });
+  }
+  {
+    std::unique_lock lock(core_->mu);
+    core_->cv.wait(lock, [&] { return core_->shutdown_requested; });
+  }
+  if (signals) {
+    asio::post(core_->threads[0]->ioc, [&signals] { signals->cancel(); });
+  }
+  Shutdown();
+}
+
+void Server::Shutdown() {
+  if (core_->stopped.exchange(true)) return;
+  core_->draining = true;
+  for (auto& l : core_->listeners) l->Close();
+  if (core_->started) {
+    // Drain: let in-flight calls finish (new requests are answered UNAVAILABLE meanwhile).
+    const auto until = std::chrono::steady_clock::now() + core_->options.drain_timeout;
+    while (core_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (core_->in_flight.load() > 0) {
+      spdlog::warn("rdmarpc server: {} calls still running after the drain timeout; closing",
+                   core_->in_flight.load());
+    }
+    // Close every connection on its own thread, let the closes and replies flush, then stop.
+    for (auto& t : core_->threads) {
+      asio::post(t->ioc, [th = t.get()] {
+        auto conns = th->connections;  // closing mutates the set
+        for (auto& c : conns) c->Close();
+      });
+    }
+    for (auto& t : core_->threads) {
+      std::promise<void> flushed;
+      asio::post(t->ioc, [&flushed] { flushed.set_value(); });
+      flushed.get_future().wait_for(std::chrono::seconds(2));
+      t->work.reset();
+      t->ioc.stop();
+    }
+  }
+  for (auto& t : core_->threads) {
+    if (t->thread.joinable()) t->thread.join();
+  }
+  // Run what the loops left queued (close notifications) on this thread, now that theirs are
+  // gone. Handlers still suspended are destroyed with their io_context later; their ServerCall
+  // destructors find the connection closed and send nothing.
+  for (auto& t : core_->threads) {
+    t->ioc.restart();
+    t->ioc.poll();
+    t->connections.clear();
+  }
+  core_->listeners.clear();
+  {
+    std::lock_guard lock(core_->mu);
+    core_->shutdown_requested = true;
+    core_->cv.notify_all();
+  }
+}
+
+std::vector<std::string> Server::listening_uris() const {
+  std::vector<std::string> out;
+  for (auto& l : core_->listeners) out.push_back(l->uri());
+  return out;
+}
+
+int64_t Server::in_flight_calls() const { return core_->in_flight.load(); }
+
+}  // namespace rdmarpc

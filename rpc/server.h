@@ -1,0 +1,77 @@
+// Server: hosts services on one or more listening addresses, with N I/O threads.
+//
+// Threading: each I/O thread runs its own io_context; an accepted connection, and every handler
+// coroutine of its calls, stays on one thread (no locks on the call path). AddService and Listen
+// are for set-up, before Start; Shutdown and RequestShutdown may be called from any thread.
+//
+// Lifetime: services passed to AddService must outlive the server.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rpc/service.h"
+#include "rpc/status.h"
+#include "transport/transport.h"
+
+namespace rdmarpc {
+
+struct ServerOptions {
+  // I/O threads, each with its own event loop; connections are spread over them round-robin.
+  int io_threads = 1;
+  transport::Options transport;
+  // Shutdown waits this long for in-flight calls before closing connections under them.
+  std::chrono::milliseconds drain_timeout{5000};
+  // Run() returns on SIGINT or SIGTERM (after draining) when true.
+  bool handle_signals = false;
+};
+
+namespace internal {
+struct ServerCore;
+}
+
+class Server {
+ public:
+  explicit Server(ServerOptions options = {});
+  // Shuts down (draining) if still running.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Registers every method of `service`. Fails with ALREADY_EXISTS if a method id is taken
+  // (two methods whose names hash alike, or the same service twice), FAILED_PRECONDITION after
+  // Start.
+  Status AddService(Service& service);
+
+  // Binds `uri` ("tcp://127.0.0.1:7471", "rdma://0.0.0.0:7471"; port 0 picks a free one) and
+  // returns the bound URI. Fails with UNAVAILABLE and the transport's reason.
+  Result<std::string> Listen(const std::string& uri);
+
+  // Starts the I/O threads and returns. Idempotent.
+  void Start();
+
+  // Start()s, then blocks until Shutdown()/RequestShutdown() (or a signal, with
+  // handle_signals), drains and returns.
+  void Run();
+
+  // Asks a Run() in progress to shut down; returns at once. Safe from handlers and signal context.
+  void RequestShutdown();
+
+  // Stops accepting, answers new calls with UNAVAILABLE, waits up to drain_timeout for in-flight
+  // calls, then closes every connection (callers of calls still running get UNAVAILABLE) and
+  // joins the I/O threads. Blocking; do not call from a handler (use RequestShutdown).
+  void Shutdown();
+
+  // The bound URIs of all listeners, in Listen order.
+  std::vector<std::string> listening_uris() const;
+
+  // Calls currently being handled, over all threads.
+  int64_t in_flight_calls() const;
+
+ private:
+  std::shared_ptr<internal::ServerCore> core_;
+};
+
+}  // namespace rdmarpc

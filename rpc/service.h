@@ -1,0 +1,152 @@
+// What generated code builds on: method ids, method tables, the Service base class and the
+// handler template that runs one unary call. Users rarely include this directly; generated
+// headers do.
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "rpc/context.h"
+#include "rpc/status.h"
+#include "transport/transport.h"
+
+namespace rdmarpc {
+
+// The method id on the wire: FNV-1a (32 bit) of "/package.Service/Method". The generator computes
+// it at code-generation time; Server::AddService rejects two methods with the same id.
+constexpr uint32_t MethodId(std::string_view full_name) {
+  uint32_t h = 2166136261u;
+  for (char c : full_name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+// Identifies a method for a client call. Static storage in generated code.
+struct MethodInfo {
+  std::string_view full_name;  // "/demo.Echo/Say"
+  uint32_t id;
+};
+
+namespace internal {
+// Implemented by the server's connection: where a finished call's response goes.
+class CallSink {
+ public:
+  virtual ~CallSink() = default;
+  // Sends the response (reply when status is OK) and releases the call's in-flight slot.
+  // Called once per call, on the connection's thread.
+  virtual void FinishCall(uint64_t call_id, const Status& status,
+                          const google::protobuf::MessageLite* reply) = 0;
+  virtual const transport::Executor& executor() const = 0;
+};
+}  // namespace internal
+
+// One in-flight server call: move-only handle that must be finished once. If it is dropped
+// unfinished (the server is tearing down), the caller gets UNAVAILABLE.
+class ServerCall {
+ public:
+  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, ServerContext context)
+      : sink_(std::move(sink)), call_id_(call_id), context_(std::move(context)) {}
+  ServerCall(ServerCall&&) = default;
+  ServerCall& operator=(ServerCall&&) = delete;
+  ~ServerCall() {
+    if (sink_) sink_->FinishCall(call_id_, Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
+  }
+
+  ServerContext& context() { return context_; }
+  const transport::Executor& executor() const { return sink_->executor(); }
+  void Finish(const Status& status, const google::protobuf::MessageLite* reply) {
+    auto sink = std::move(sink_);
+    if (sink) sink->FinishCall(call_id_, status, reply);
+  }
+
+ private:
+  std::shared_ptr<internal::CallSink> sink_;
+  uint64_t call_id_;
+  ServerContext context_;
+};
+
+class Service;
+
+// Runs one method: parses the request, calls the user's coroutine, sends the reply.
+class MethodHandler {
+ public:
+  // `payload` is valid only during this call.
+  virtual void Start(Service& service, ServerCall call,
+                     std::span<const std::byte> payload) const = 0;
+
+ protected:
+  ~MethodHandler() = default;
+};
+
+struct MethodEntry {
+  MethodInfo info;
+  const MethodHandler* handler;
+};
+
+// Base of every generated service class. Register an implementation with Server::AddService;
+// it must outlive the server. Handlers of one connection run on that connection's I/O thread;
+// handlers of different connections may run concurrently on different threads, so state shared
+// across calls needs its own synchronization.
+class Service {
+ public:
+  virtual ~Service() = default;
+  virtual std::string_view rdmarpc_service_name() const = 0;
+  virtual std::span<const MethodEntry> rdmarpc_methods() const = 0;
+};
+
+// The handler of a unary method with request Req and reply Resp. A generated constant.
+template <class Req, class Resp>
+class UnaryMethodHandler final : public MethodHandler {
+ public:
+  using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&, Resp&);
+  explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
+
+  void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
+    // One allocation per call holds the context, request and reply.
+    auto state = std::make_unique<State>(std::move(call));
+    if (!state->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      state->call.Finish(Status(StatusCode::kInvalidArgument,
+                                "request does not parse as " + state->request.GetTypeName()),
+                         nullptr);
+      return;
+    }
+    auto executor = state->call.executor();
+    boost::asio::co_spawn(executor, Run(invoke_, service, std::move(state)),
+                          boost::asio::detached);
+  }
+
+ private:
+  struct State {
+    explicit State(ServerCall c) : call(std::move(c)) {}
+    ServerCall call;
+    Req request;
+    Resp reply;
+  };
+
+  static boost::asio::awaitable<void> Run(Invoker invoke, Service& service,
+                                          std::unique_ptr<State> st) {
+    Status status;
+    try {
+      status = co_await invoke(service, st->call.context(), st->request, st->reply);
+    } catch (const std::exception& e) {
+      status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+    } catch (...) {
+      status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+    }
+    st->call.Finish(status, status.ok() ? &st->reply : nullptr);
+  }
+
+  Invoker invoke_;
+};
+
+}  // namespace rdmarpc

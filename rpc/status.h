@@ -1,0 +1,86 @@
+// Status and Result<T>: how every call reports success or failure.
+// Codes are gRPC's well-known set, because users already know what each one means.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace rdmarpc {
+
+enum class StatusCode : uint32_t {
+  kOk = 0,
+  kCancelled = 1,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
+  kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+  kDataLoss = 15,
+  kUnauthenticated = 16,
+};
+
+// "OK", "DEADLINE_EXCEEDED", ...; "CODE_<n>" for values outside the set.
+std::string StatusCodeName(StatusCode code);
+
+// A value type: cheap to copy when OK (no message).
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "OK" or "UNAVAILABLE: connection closed".
+  std::string ToString() const;
+
+  friend bool operator==(const Status& a, const Status& b) {
+    return a.code_ == b.code_ && a.message_ == b.message_;
+  }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// The reply of a call, or the Status that says why there is none.
+template <class T>
+class Result {
+ public:
+  // Not OK until assigned; exists because futures and containers need it.
+  Result() : status_(StatusCode::kUnknown, "no result") {}
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  // `status` must not be OK: an OK Result carries a value.
+  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
+    if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result built from OK without a value");
+  }
+
+  bool ok() const { return value_.has_value(); }
+  const Status& status() const { return status_; }
+  T& value() & { return *value_; }
+  const T& value() const& { return *value_; }
+  T&& value() && { return std::move(*value_); }
+  T& operator*() & { return *value_; }
+  const T& operator*() const& { return *value_; }
+  T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace rdmarpc

@@ -1,0 +1,124 @@
+// The frame codec: round trips, and rejection of truncated or garbled input.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "rpc/frame.h"
+#include "transport/uri.h"
+
+using namespace rdmarpc;
+
+namespace {
+std::vector<std::byte> Encode(const FrameHeader& h, std::string_view payload) {
+  std::vector<std::byte> buf(kFrameHeaderBytes + payload.size());
+  EncodeFrameHeader(h, buf.data());
+  std::memcpy(buf.data() + kFrameHeaderBytes, payload.data(), payload.size());
+  return buf;
+}
+}  // namespace
+
+TEST_CASE("a frame header round-trips every field", "[codec]") {
+  FrameHeader h;
+  h.type = FrameType::kResponse;
+  h.flags = 0x5a;
+  h.method_id = 0xdeadbeef;
+  h.call_id = 0x0123456789abcdefull;
+  h.timeout_us = 0xfedcba9876543210ull;
+  h.status = 14;
+  auto buf = Encode(h, "payload!");
+  DecodedFrame f;
+  REQUIRE(DecodeFrame(buf, &f).empty());
+  CHECK(f.header.type == FrameType::kResponse);
+  CHECK(f.header.flags == 0x5a);
+  CHECK(f.header.method_id == 0xdeadbeef);
+  CHECK(f.header.call_id == 0x0123456789abcdefull);
+  CHECK(f.header.timeout_us == 0xfedcba9876543210ull);
+  CHECK(f.header.status == 14);
+  CHECK(f.metadata.empty());
+  CHECK(std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()) ==
+        "payload!");
+}
+
+TEST_CASE("the header layout is little-endian as documented", "[codec]") {
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.method_id = 0x04030201;
+  h.call_id = 0x0807060504030201ull;
+  auto buf = Encode(h, "");
+  CHECK(static_cast<uint8_t>(buf[0]) == kFrameMagic);
+  CHECK(static_cast<uint8_t>(buf[1]) == kProtocolVersion);
+  CHECK(static_cast<uint8_t>(buf[2]) == 1);
+  CHECK(static_cast<uint8_t>(buf[4]) == 0x01);
+  CHECK(static_cast<uint8_t>(buf[7]) == 0x04);
+  CHECK(static_cast<uint8_t>(buf[8]) == 0x01);
+  CHECK(static_cast<uint8_t>(buf[15]) == 0x08);
+}
+
+TEST_CASE("metadata round-trips, including empty and binary values", "[codec]") {
+  Metadata md = {{"k", "v"}, {"", ""}, {"bin", std::string("\0\xff\x01", 3)}};
+  std::vector<std::byte> buf(MetadataEncodedSize(md));
+  EncodeMetadata(md, buf.data());
+  Metadata out;
+  REQUIRE(DecodeMetadata(buf, &out).empty());
+  CHECK(out == md);
+}
+
+TEST_CASE("truncated frames are rejected", "[codec]") {
+  FrameHeader h;
+  auto buf = Encode(h, "abc");
+  DecodedFrame f;
+  for (size_t n = 0; n < kFrameHeaderBytes; ++n) {
+    INFO("length " << n);
+    CHECK_THAT(DecodeFrame(std::span(buf.data(), n), &f), Catch::Contains("truncated"));
+  }
+}
+
+TEST_CASE("garbled headers are rejected with a reason", "[codec]") {
+  FrameHeader h;
+  DecodedFrame f;
+  auto buf = Encode(h, "abc");
+  auto bad_magic = buf;
+  bad_magic[0] = std::byte{0};
+  CHECK_THAT(DecodeFrame(bad_magic, &f), Catch::Contains("magic"));
+  auto bad_version = buf;
+  bad_version[1] = std::byte{99};
+  CHECK_THAT(DecodeFrame(bad_version, &f), Catch::Contains("version 99"));
+  auto bad_type = buf;
+  bad_type[2] = std::byte{200};
+  CHECK_THAT(DecodeFrame(bad_type, &f), Catch::Contains("unknown frame type 200"));
+  auto zero_type = buf;
+  zero_type[2] = std::byte{0};
+  CHECK_THAT(DecodeFrame(zero_type, &f), Catch::Contains("unknown frame type 0"));
+  auto long_md = buf;
+  long_md[28] = std::byte{4};  // metadata length 4 > 3 bytes present
+  CHECK_THAT(DecodeFrame(long_md, &f), Catch::Contains("metadata length"));
+}
+
+TEST_CASE("garbled metadata is rejected", "[codec]") {
+  Metadata out;
+  std::vector<std::byte> short_entry(5);
+  CHECK_THAT(DecodeMetadata(short_entry, &out), Catch::Contains("truncated"));
+  std::vector<std::byte> overrun(6);
+  overrun[0] = std::byte{10};  // key of 10 bytes, none present
+  CHECK_THAT(DecodeMetadata(overrun, &out), Catch::Contains("past the end"));
+}
+
+TEST_CASE("URIs parse and reject malformed input", "[uri]") {
+  using namespace rdmarpc::transport;
+  auto a = ParseUri("tcp://127.0.0.1:7471");
+  REQUIRE(a.ok());
+  CHECK(a.value().scheme == Scheme::kTcp);
+  CHECK(a.value().host == "127.0.0.1");
+  CHECK(a.value().port == 7471);
+  auto b = ParseUri("rdma://[::1]:0");
+  REQUIRE(b.ok());
+  CHECK(b.value().scheme == Scheme::kRdma);
+  CHECK(b.value().host == "::1");
+  CHECK(b.value().ToUri() == "rdma://[::1]:0");
+  for (const char* bad : {"127.0.0.1:1", "udp://h:1", "tcp://h", "tcp://:1", "tcp://h:99999",
+                          "tcp://h:x", "tcp://::1:5", "tcp://[::1:5"}) {
+    INFO(bad);
+    CHECK_FALSE(ParseUri(bad).ok());
+  }
+}

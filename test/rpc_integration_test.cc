@@ -1,0 +1,329 @@
+// End-to-end behaviour of Server, Channel and generated stubs, over every transport in
+// ListenUris() (tcp here; tcp and rdma inside the Soft-RoCE VM).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <thread>
+
+#include "test/test_util.h"
+
+namespace asio = boost::asio;
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string Pattern(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s[i] = static_cast<char>(x);
+  }
+  return s;
+}
+
+asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string uri, ChannelOptions o = {}) {
+  auto ch = co_await Channel::Connect(uri, o);
+  if (!ch.ok()) throw std::runtime_error("connect failed: " + ch.status().ToString());
+  co_return *ch;
+}
+
+}  // namespace
+
+TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  const int kCalls = 10000;
+  int ok = RunLoop([&]() -> asio::awaitable<int> {
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    int good = 0;
+    EchoRequest req;
+    for (int i = 0; i < kCalls; ++i) {
+      req.set_seq(i);
+      req.set_payload(std::to_string(i));
+      auto r = co_await stub.Echo(req);
+      if (r.ok() && r->seq() == uint64_t(i) && r->payload() == std::to_string(i)) ++good;
+    }
+    co_return good;
+  }());
+  REQUIRE(ok == kCalls);
+}
+
+TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rpc]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  const int kCalls = 1000;
+  int matched = RunLoop([&]() -> asio::awaitable<int> {
+    auto ch = co_await MustConnect(ts.uri);
+    auto ex = co_await asio::this_coro::executor;
+    int good = 0, done = 0;
+    asio::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
+    for (int i = 0; i < kCalls; ++i) {
+      asio::co_spawn(
+          ex,
+          [&, i]() -> asio::awaitable<void> {
+            TestService::Stub stub(ch);
+            EchoRequest req;
+            req.set_seq(i);
+            req.set_payload(Pattern(100 + i, i));
+            auto r = co_await stub.Echo(req);
+            if (r.ok() && r->seq() == uint64_t(i) && r->payload() == req.payload()) ++good;
+            if (++done == kCalls) all_done.cancel();
+          },
+          asio::detached);
+    }
+    co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_return good;
+  }());
+  REQUIRE(matched == kCalls);
+}
+
+TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  for (size_t size : {size_t(0), size_t(1), size_t(64 << 10), size_t(16 << 20)}) {
+    INFO("payload " << size << " bytes over " << listen);
+    EchoRequest req;
+    req.set_payload(Pattern(size, size));
+    auto r = stub.Echo(req);
+    REQUIRE(r.ok());
+    REQUIRE(r->payload().size() == size);
+    REQUIRE(r->payload() == req.payload());
+  }
+}
+
+TEST_CASE("8 clients on one server at once are all served", "[rpc]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  std::atomic<int> good{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      auto ch = Channel::ConnectBlocking(ts.uri);
+      if (!ch.ok()) return;
+      TestService::BlockingStub stub(*ch);
+      for (int i = 0; i < 200; ++i) {
+        EchoRequest req;
+        req.set_seq(c * 1000 + i);
+        req.set_payload(Pattern(64, c * 1000 + i));
+        auto r = stub.Echo(req);
+        if (r.ok() && r->seq() == req.seq() && r->payload() == req.payload()) ++good;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  REQUIRE(good == 8 * 200);
+}
+
+TEST_CASE("an unknown method answers UNIMPLEMENTED", "[rpc][errors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  Unserved::BlockingStub stub(*ch);
+  auto r = stub.Nothing(google::protobuf::Empty());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnimplemented);
+  CHECK_THAT(r.status().message(), Catch::Contains("unknown method"));
+}
+
+TEST_CASE("a handler's error status reaches the caller with code and message", "[rpc][errors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  FailRequest req;
+  req.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
+  req.set_message("no such key: 'k1'");
+  auto r = stub.Fail(req);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kNotFound);
+  CHECK(r.status().message() == "no such key: 'k1'");
+}
+
+TEST_CASE("a throwing handler gives INTERNAL and the server keeps serving", "[rpc][errors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  for (int i = 0; i < 3; ++i) {
+    auto r = stub.Throw(google::protobuf::Empty());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInternal);
+    CHECK_THAT(r.status().message(), Catch::Contains("boom"));
+  }
+  EchoRequest req;
+  req.set_payload("still here");
+  auto r = stub.Echo(req);
+  REQUIRE(r.ok());
+  CHECK(r->payload() == "still here");
+}
+
+TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadline]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SleepRequest sleep;
+  sleep.set_ms(2000);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = stub.Sleep(sleep, {.timeout = 100ms});
+  auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(waited < 1500ms);
+  // The channel stays usable, and the handler sees the budget it was given.
+  EchoRequest req;
+  auto e = stub.Echo(req, {.timeout = 5s});
+  REQUIRE(e.ok());
+  CHECK(e->budget_ms() > 4000);
+  CHECK(e->budget_ms() <= 5000);
+  auto none = stub.Echo(req);
+  REQUIRE(none.ok());
+  CHECK(none->budget_ms() == -1);
+}
+
+TEST_CASE("call metadata reaches the handler", "[rpc]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  auto r = stub.Echo(EchoRequest(), {.metadata = {{"trace", "t-1"}, {"echo-meta", "v\0x"}}});
+  REQUIRE(r.ok());
+  CHECK(r->meta() == std::string("v"));
+}
+
+TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel keeps working",
+          "[rpc][limits]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  ChannelOptions opts;
+  opts.transport.max_message_bytes = 1 << 20;
+  auto ch = Channel::ConnectBlocking(ts.uri, opts);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  EchoRequest big;
+  big.set_payload(std::string(2 << 20, 'x'));
+  auto r = stub.Echo(big);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kResourceExhausted);
+  EchoRequest small;
+  small.set_payload("ok");
+  REQUIRE(stub.Echo(small).ok());
+}
+
+TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdown]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 2, .drain_timeout = 3s});
+  auto ch = Channel::ConnectBlocking(ts->uri);
+  REQUIRE(ch.ok());
+  const int kCalls = 50;
+  std::atomic<int> ok{0}, unavailable{0}, other{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&] {
+      TestService::BlockingStub stub(*ch);
+      SleepRequest req;
+      req.set_ms(300);
+      auto r = stub.Sleep(req, {.timeout = 10s});
+      if (r.ok()) ++ok;
+      else if (r.status().code() == StatusCode::kUnavailable) ++unavailable;
+      else ++other;
+    });
+  }
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  ts->server.Shutdown();
+  for (auto& t : callers) t.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(ok + unavailable == kCalls);
+  CHECK(other == 0);
+  CHECK(ok > 0);  // calls already running when shutdown began were drained, not dropped
+  // After shutdown, new calls fail with UNAVAILABLE rather than hang.
+  TestService::BlockingStub stub(*ch);
+  auto r = stub.Echo(EchoRequest(), {.timeout = 5s});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("shutdown past the drain timeout fails the remaining calls with UNAVAILABLE",
+          "[rpc][shutdown]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1, .drain_timeout = 200ms});
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  std::atomic<int> unavailable{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 10; ++i) {
+    callers.emplace_back([&] {
+      TestService::BlockingStub stub(*ch);
+      SleepRequest req;
+      req.set_ms(60000);
+      auto r = stub.Sleep(req);  // no deadline: only the shutdown can end it
+      if (!r.ok() && r.status().code() == StatusCode::kUnavailable) ++unavailable;
+    });
+  }
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  ts.server.Shutdown();
+  for (auto& t : callers) t.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK(unavailable == 10);
+}
+
+TEST_CASE("connecting where nobody listens fails with UNAVAILABLE", "[rpc][errors]") {
+  // Bind and close a port so that nothing listens on it.
+  asio::io_context ioc;
+  asio::ip::tcp::acceptor a(ioc, {asio::ip::make_address("127.0.0.1"), 0});
+  const int port = a.local_endpoint().port();
+  a.close();
+  auto ch = Channel::ConnectBlocking("tcp://127.0.0.1:" + std::to_string(port));
+  REQUIRE_FALSE(ch.ok());
+  CHECK(ch.status().code() == StatusCode::kUnavailable);
+  auto bad = Channel::ConnectBlocking("carrier-pigeon://x:1");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown scheme"));
+}
+
+TEST_CASE("a raw TCP peer sending garbage is dropped; other clients are still served",
+          "[rpc][errors][tcp]") {
+  TestServer ts("tcp://127.0.0.1:0");
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  const std::string port = ts.uri.substr(ts.uri.rfind(':') + 1);
+  std::vector<std::string> attacks = {
+      std::string("\x05\x00\x00\x00hello", 9),            // frame too short for a header
+      std::string("\xff\xff\xff\x7f", 4) + "xxxx",       // absurd length
+      std::string("\x24\x00\x00\x00", 4) + std::string(36, '\x42'),  // bad magic
+  };
+  for (const auto& bytes : attacks) {
+    asio::io_context ioc;
+    asio::ip::tcp::socket s(ioc);
+    s.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(std::stoi(port))});
+    asio::write(s, asio::buffer(bytes));
+    // The server must close this connection: read until EOF (bounded by the test timeout).
+    char buf[64];
+    boost::system::error_code ec;
+    while (!ec) s.read_some(asio::buffer(buf), ec);
+    CHECK(ec == asio::error::eof);
+    EchoRequest req;
+    req.set_payload("after attack");
+    auto r = stub.Echo(req);
+    REQUIRE(r.ok());
+    CHECK(r->payload() == "after attack");
+  }
+}

@@ -1,0 +1,316 @@
+// protoc-gen-rdmarpc: generates, for each service in a .proto file, a server base class with one
+// virtual coroutine per method, a coroutine client Stub and a BlockingStub.
+//
+// Output for foo/bar.proto: foo/bar.rdmarpc.pb.h and foo/bar.rdmarpc.pb.cc, next to protoc's own
+// foo/bar.pb.h. Streaming methods are rejected with an error naming the method.
+#include <google/protobuf/compiler/code_generator.h>
+#include <google/protobuf/compiler/plugin.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/printer.h>
+#include <google/protobuf/io/zero_copy_stream.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+// Exported by libprotoc: the same keyword and namespace rules protoc's C++ generator applies to
+// message names, so that our references to messages always match its class names.
+namespace google::protobuf::compiler::cpp {
+std::string ResolveKeyword(const std::string& name);
+std::string Namespace(const std::string& package);
+}  // namespace google::protobuf::compiler::cpp
+
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FileDescriptor;
+using google::protobuf::MethodDescriptor;
+using google::protobuf::ServiceDescriptor;
+using google::protobuf::compiler::GeneratorContext;
+using google::protobuf::io::Printer;
+namespace cpp = google::protobuf::compiler::cpp;
+
+std::string StripProto(const std::string& f) {
+  if (f.size() > 6 && f.compare(f.size() - 6, 6, ".proto") == 0) return f.substr(0, f.size() - 6);
+  if (f.size() > 9 && f.compare(f.size() - 9, 9, ".protodevel") == 0) return f.substr(0, f.size() - 9);
+  return f;
+}
+
+// Mirrors protoc's ClassName(): nested messages join with '_', keywords get a trailing '_'.
+std::string ClassName(const Descriptor* d) {
+  std::string name = d->name();
+  for (const Descriptor* p = d->containing_type(); p; p = p->containing_type()) {
+    name = p->name() + "_" + name;
+  }
+  return cpp::ResolveKeyword(name);
+}
+
+std::string QualifiedClassName(const Descriptor* d) {
+  std::string ns = cpp::Namespace(d->file()->package());
+  return ns + "::" + ClassName(d);
+}
+
+// Method names become C++ member names next to names the generated classes already use.
+std::string MethodName(const MethodDescriptor* m) {
+  static const std::set<std::string> kTaken = {"Service", "Stub", "BlockingStub"};
+  std::string name = cpp::ResolveKeyword(m->name());
+  if (kTaken.count(name) || name.rfind("rdmarpc_", 0) == 0) name += "_";
+  return name;
+}
+
+std::string ServiceClassName(const ServiceDescriptor* s) { return cpp::ResolveKeyword(s->name()); }
+
+uint32_t MethodId(const std::string& full_name) {
+  uint32_t h = 2166136261u;
+  for (char c : full_name) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+std::string WireName(const MethodDescriptor* m) {
+  return "/" + m->service()->full_name() + "/" + m->name();
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08xu", v);
+  return buf;
+}
+
+// A C++ identifier unique to this file, for the helpers in the .cc's anonymous namespace.
+std::string FileTag(const FileDescriptor* file) {
+  std::string tag = "rdmarpc_gen_";
+  for (char c : StripProto(file->name())) tag += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return tag;
+}
+
+class Generator final : public google::protobuf::compiler::CodeGenerator {
+ public:
+  uint64_t GetSupportedFeatures() const override { return FEATURE_PROTO3_OPTIONAL; }
+
+  bool Generate(const FileDescriptor* file, const std::string& /*parameter*/,
+                GeneratorContext* context, std::string* error) const override {
+    for (int i = 0; i < file->service_count(); ++i) {
+      const ServiceDescriptor* s = file->service(i);
+      for (int j = 0; j < s->method_count(); ++j) {
+        const MethodDescriptor* m = s->method(j);
+        if (m->client_streaming() || m->server_streaming()) {
+          *error = "rdmarpc: method " + m->full_name() + " in " + file->name() + " is " +
+                   (m->client_streaming() && m->server_streaming() ? "bidirectional-streaming"
+                    : m->client_streaming()                         ? "client-streaming"
+                                                                    : "server-streaming") +
+                   "; streaming methods are not supported yet (only unary methods are)";
+          return false;
+        }
+      }
+    }
+    const std::string base = StripProto(file->name());
+    {
+      std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
+          context->Open(base + ".rdmarpc.pb.h"));
+      Printer p(out.get(), '$');
+      GenerateHeader(file, base, &p);
+    }
+    {
+      std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
+          context->Open(base + ".rdmarpc.pb.cc"));
+      Printer p(out.get(), '$');
+      GenerateSource(file, base, &p);
+    }
+    return true;
+  }
+
+ private:
+  static std::string NamespaceOf(const FileDescriptor* file) {
+    std::string ns = cpp::Namespace(file->package());
+    if (ns.rfind("::", 0) == 0) ns = ns.substr(2);
+    return ns;
+  }
+
+  static std::map<std::string, std::string> MethodVars(const MethodDescriptor* m) {
+    return {{"name", MethodName(m)},
+            {"wire", WireName(m)},
+            {"id", Hex(MethodId(WireName(m)))},
+            {"req", QualifiedClassName(m->input_type())},
+            {"resp", QualifiedClassName(m->output_type())},
+            {"svc", ServiceClassName(m->service())}};
+  }
+
+  void GenerateHeader(const FileDescriptor* file, const std::string& base, Printer* p) const {
+    p->Print(
+        "// Generated by protoc-gen-rdmarpc from $file$. DO NOT EDIT.\n"
+        "#pragma once\n\n"
+        "#include \"$base$.pb.h\"\n"
+        "#include \"rpc/generated.h\"\n\n",
+        "file", file->name(), "base", base);
+    const std::string ns = NamespaceOf(file);
+    if (!ns.empty()) p->Print("namespace $ns$ {\n\n", "ns", ns);
+    for (int i = 0; i < file->service_count(); ++i) {
+      const ServiceDescriptor* s = file->service(i);
+      p->Print(
+          "// Service $full$.\n"
+          "class $svc$ final {\n"
+          " public:\n"
+          "  $svc$() = delete;\n\n"
+          "  // Derive from this, override the methods you serve and register it with\n"
+          "  // rdmarpc::Server::AddService. Methods not overridden answer UNIMPLEMENTED.\n"
+          "  class Service : public ::rdmarpc::Service {\n"
+          "   public:\n"
+          "    ~Service() override = default;\n",
+          "full", s->full_name(), "svc", ServiceClassName(s));
+      p->Indent();
+      p->Indent();
+      for (int j = 0; j < s->method_count(); ++j) {
+        p->Print(MethodVars(s->method(j)),
+                 "virtual ::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
+                 "    ::rdmarpc::ServerContext& context, const $req$& request, $resp$& reply);\n");
+      }
+      p->Outdent();
+      p->Outdent();
+      p->Print(
+          "    ::std::string_view rdmarpc_service_name() const final;\n"
+          "    ::std::span<const ::rdmarpc::MethodEntry> rdmarpc_methods() const final;\n"
+          "  };\n\n"
+          "  // Coroutine client. `request` must outlive the co_await. Thread-compatible.\n"
+          "  class Stub {\n"
+          "   public:\n"
+          "    explicit Stub(::std::shared_ptr<::rdmarpc::Channel> channel)\n"
+          "        : rdmarpc_channel_(::std::move(channel)) {}\n");
+      p->Indent();
+      p->Indent();
+      for (int j = 0; j < s->method_count(); ++j) {
+        p->Print(MethodVars(s->method(j)),
+                 "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $name$(\n"
+                 "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n"
+                 "// Fills `reply` (which must outlive the co_await) instead of returning it.\n"
+                 "::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
+                 "    const $req$& request, $resp$& reply,\n"
+                 "    const ::rdmarpc::CallOptions& options = {});\n");
+      }
+      p->Outdent();
+      p->Outdent();
+      p->Print(
+          "   private:\n"
+          "    ::std::shared_ptr<::rdmarpc::Channel> rdmarpc_channel_;\n"
+          "  };\n\n"
+          "  // Blocking client for ordinary code. Not for use on the channel's own thread.\n"
+          "  class BlockingStub {\n"
+          "   public:\n"
+          "    explicit BlockingStub(::std::shared_ptr<::rdmarpc::Channel> channel)\n"
+          "        : rdmarpc_channel_(::std::move(channel)) {}\n");
+      p->Indent();
+      p->Indent();
+      for (int j = 0; j < s->method_count(); ++j) {
+        p->Print(MethodVars(s->method(j)),
+                 "::rdmarpc::Result<$resp$> $name$(\n"
+                 "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
+      }
+      p->Outdent();
+      p->Outdent();
+      p->Print(
+          "   private:\n"
+          "    ::std::shared_ptr<::rdmarpc::Channel> rdmarpc_channel_;\n"
+          "  };\n"
+          "};\n\n");
+    }
+    if (!ns.empty()) p->Print("}  // namespace $ns$\n", "ns", ns);
+  }
+
+  void GenerateSource(const FileDescriptor* file, const std::string& base, Printer* p) const {
+    const std::string tag = FileTag(file);
+    p->Print(
+        "// Generated by protoc-gen-rdmarpc from $file$. DO NOT EDIT.\n"
+        "#include \"$base$.rdmarpc.pb.h\"\n\n",
+        "file", file->name(), "base", base);
+    const std::string ns = NamespaceOf(file);
+    const std::string qns = ns.empty() ? "" : "::" + ns;
+    if (file->service_count() == 0) return;
+
+    // Method tables and invokers, out of the package namespace so no user name can clash.
+    p->Print("namespace {\nnamespace $tag$ {\n\n", "tag", tag);
+    for (int i = 0; i < file->service_count(); ++i) {
+      const ServiceDescriptor* s = file->service(i);
+      for (int j = 0; j < s->method_count(); ++j) {
+        auto vars = MethodVars(s->method(j));
+        vars["qsvc"] = qns + "::" + ServiceClassName(s);
+        vars["j"] = std::to_string(j);
+        p->Print(vars,
+                 "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
+                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
+                 "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
+                 "    const $req$& request, $resp$& reply) {\n"
+                 "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, reply);\n"
+                 "}\n"
+                 "const ::rdmarpc::UnaryMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
+                 "    &$svc$_$j$_invoke);\n\n");
+      }
+      if (s->method_count() > 0) {
+        p->Print("const ::rdmarpc::MethodEntry k$svc$_methods[] = {\n", "svc", ServiceClassName(s));
+        for (int j = 0; j < s->method_count(); ++j) {
+          p->Print("    {k$svc$_$j$_info, &k$svc$_$j$_handler},\n", "svc", ServiceClassName(s),
+                   "j", std::to_string(j));
+        }
+        p->Print("};\n\n");
+      }
+    }
+    p->Print("}  // namespace $tag$\n}  // namespace\n\n", "tag", tag);
+
+    if (!ns.empty()) p->Print("namespace $ns$ {\n\n", "ns", ns);
+    for (int i = 0; i < file->service_count(); ++i) {
+      const ServiceDescriptor* s = file->service(i);
+      std::map<std::string, std::string> sv = {{"svc", ServiceClassName(s)},
+                                               {"full", s->full_name()},
+                                               {"tag", tag}};
+      p->Print(sv,
+               "::std::string_view $svc$::Service::rdmarpc_service_name() const {\n"
+               "  return \"$full$\";\n"
+               "}\n\n"
+               "::std::span<const ::rdmarpc::MethodEntry> $svc$::Service::rdmarpc_methods() const {\n");
+      if (s->method_count() > 0) {
+        p->Print(sv, "  return ::$tag$::k$svc$_methods;\n}\n\n");
+      } else {
+        p->Print("  return {};\n}\n\n");
+      }
+      for (int j = 0; j < s->method_count(); ++j) {
+        auto vars = MethodVars(s->method(j));
+        vars["tag"] = tag;
+        vars["j"] = std::to_string(j);
+        p->Print(vars,
+                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
+                 "    ::rdmarpc::ServerContext&, const $req$&, $resp$&) {\n"
+                 "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
+                 "                              \"method $wire$ is not implemented by this server\");\n"
+                 "}\n\n"
+                 "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $svc$::Stub::$name$(\n"
+                 "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+                 "  $resp$ reply;\n"
+                 "  ::rdmarpc::Status status = co_await rdmarpc_channel_->Call(\n"
+                 "      ::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+                 "  if (!status.ok()) co_return status;\n"
+                 "  co_return ::std::move(reply);\n"
+                 "}\n\n"
+                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Stub::$name$(\n"
+                 "    const $req$& request, $resp$& reply, const ::rdmarpc::CallOptions& options) {\n"
+                 "  return rdmarpc_channel_->Call(::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+                 "}\n\n"
+                 "::rdmarpc::Result<$resp$> $svc$::BlockingStub::$name$(\n"
+                 "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+                 "  return rdmarpc_channel_->Run(Stub(rdmarpc_channel_).$name$(request, options));\n"
+                 "}\n\n");
+      }
+    }
+    if (!ns.empty()) p->Print("}  // namespace $ns$\n", "ns", ns);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Generator generator;
+  return google::protobuf::compiler::PluginMain(argc, argv, &generator);
+}

@@ -1,0 +1,109 @@
+"""rdmarpc_cc_library: .proto files -> one cc_library with the messages and rdmarpc stubs.
+
+Like gRPC's cc_grpc_library, but one rule does both protoc outputs. Runs Debian's /usr/bin/protoc
+with protoc-gen-rdmarpc; Google's well-known types resolve from /usr/include.
+
+    rdmarpc_cc_library(
+        name = "echo_proto",
+        srcs = ["echo.proto"],
+        deps = ["//proto:common_proto"],   # other rdmarpc_cc_library targets it imports
+    )
+
+Include the outputs from the workspace root: #include "proto/echo.rdmarpc.pb.h".
+"""
+
+RdmarpcProtoInfo = provider(
+    doc = "The .proto files of a library and of everything it imports.",
+    fields = {"transitive_srcs": "depset of .proto Files"},
+)
+
+_PROTOC = "/usr/bin/protoc"
+
+def _gen_impl(ctx):
+    transitive = depset(
+        ctx.files.srcs,
+        transitive = [d[RdmarpcProtoInfo].transitive_srcs for d in ctx.attr.deps],
+    )
+    hdrs = []
+    srcs = []
+    for src in ctx.files.srcs:
+        if not src.short_path.startswith(ctx.label.package + "/") and ctx.label.package:
+            fail("%s must be inside package %s" % (src.short_path, ctx.label.package))
+        rel = src.short_path[len(ctx.label.package) + 1 if ctx.label.package else 0:]
+        stem = rel[:-len(".proto")]
+        hdrs.append(ctx.actions.declare_file(stem + ".pb.h"))
+        hdrs.append(ctx.actions.declare_file(stem + ".rdmarpc.pb.h"))
+        srcs.append(ctx.actions.declare_file(stem + ".pb.cc"))
+        srcs.append(ctx.actions.declare_file(stem + ".rdmarpc.pb.cc"))
+
+    args = ctx.actions.args()
+    args.add("--plugin=protoc-gen-rdmarpc=" + ctx.executable._plugin.path)
+    args.add("--cpp_out=" + ctx.bin_dir.path)
+    args.add("--rdmarpc_out=" + ctx.bin_dir.path)
+    args.add("-I.")
+    args.add("-I/usr/include")
+    args.add_all([s.path for s in ctx.files.srcs])
+    ctx.actions.run(
+        executable = _PROTOC,
+        arguments = [args],
+        inputs = transitive,
+        tools = [ctx.executable._plugin],
+        outputs = hdrs + srcs,
+        mnemonic = "RdmarpcProtoc",
+        progress_message = "Generating C++ and rdmarpc stubs for %s" % ctx.label,
+    )
+    return [
+        DefaultInfo(files = depset(hdrs + srcs)),
+        OutputGroupInfo(hdrs = depset(hdrs), srcs = depset(srcs)),
+        RdmarpcProtoInfo(transitive_srcs = transitive),
+    ]
+
+_rdmarpc_proto_gen = rule(
+    implementation = _gen_impl,
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".proto"], mandatory = True),
+        "deps": attr.label_list(providers = [RdmarpcProtoInfo]),
+        "_plugin": attr.label(
+            default = Label("//tools/codegen:protoc-gen-rdmarpc"),
+            executable = True,
+            cfg = "exec",
+        ),
+    },
+)
+
+def _gen_label(dep):
+    if ":" in dep:
+        return dep + "_gen"
+    return dep + ":" + dep.split("/")[-1] + "_gen"
+
+def rdmarpc_cc_library(name, srcs, deps = [], visibility = None, testonly = False):
+    """A cc_library with protoc's C++ messages and rdmarpc's stubs for `srcs`.
+
+    Args:
+      name: the cc_library's name.
+      srcs: .proto files in this package.
+      deps: other rdmarpc_cc_library targets whose .proto files `srcs` import.
+      visibility: as for cc_library.
+      testonly: as for cc_library.
+    """
+    gen = name + "_gen"
+    _rdmarpc_proto_gen(
+        name = gen,
+        srcs = srcs,
+        deps = [_gen_label(d) for d in deps],
+        visibility = visibility,
+        testonly = testonly,
+    )
+    native.filegroup(name = name + "_hdrs", srcs = [":" + gen], output_group = "hdrs", testonly = testonly)
+    native.filegroup(name = name + "_srcs", srcs = [":" + gen], output_group = "srcs", testonly = testonly)
+    native.cc_library(
+        name = name,
+        srcs = [":" + name + "_srcs"],
+        hdrs = [":" + name + "_hdrs"],
+        deps = deps + [
+            Label("//rpc"),
+            Label("//third_party/system:protobuf"),
+        ],
+        visibility = visibility,
+        testonly = testonly,
+    )

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package rdmarpc needs to build, test and run its RDMA VM suite.
+# Idempotent: safe to run again; apt-get skips what is already installed.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  bazel-bootstrap g++ default-jdk-headless
+  libboost1.81-dev
+  libprotobuf-dev libprotoc-dev protobuf-compiler
+  libspdlog-dev libfmt-dev
+  catch2
+  # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools
+  rdma-core ibverbs-providers libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
+  iproute2
+  # Soft-RoCE VM runner
+  qemu-system-x86 busybox-static kmod cpio
+)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+export DEBIAN_FRONTEND=noninteractive
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs what is missing, then `bazel test //...`, which includes
+# the Soft-RoCE VM suite (the RDMA tests run inside a qemu guest; see tools/vm/).
+# Prints "N passed, N failed" (Catch2 test cases, summed over every test target) on a line of
+# its own and exits non-zero on any failure. Extra arguments go to `bazel test`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bash tools/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+
+log=$(mktemp)
+bazel test //... --config=ci "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+passed=0
+failed=0
+# One line per test target in Bazel's summary: "//pkg:name   PASSED in 1.2s".
+while read -r target status; do
+  xml="bazel-testlogs/${target#//}"
+  xml="${xml/://}/test.xml"
+  cases=0
+  bad=0
+  if [ -f "$xml" ]; then
+    cases=$(grep -c '<testcase ' "$xml" || true)
+    bad=$(grep -c '<failure' "$xml" || true)
+  fi
+  if [ "$status" = PASSED ] || [ "$status" = FLAKY ]; then
+    if [ "$cases" -eq 0 ]; then cases=1; fi   # a target that reports no cases counts once
+    passed=$((passed + cases - bad))
+    failed=$((failed + bad))
+  else
+    # FAILED, TIMEOUT, NO STATUS, ...: whatever the XML says, the target failed.
+    [ "$bad" -eq 0 ] && bad=1
+    passed=$((passed + cases - bad > 0 ? cases - bad : 0))
+    failed=$((failed + bad))
+    echo "test target $target: $status"
+  fi
+done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE|REMOTE FAILURE|FAILED TO BUILD)' "$log" |
+         sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+rm -f "$log"
+
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  echo "bazel test exited with $rc (build failure?)"
+  failed=1
+fi
+bazel shutdown >/dev/null 2>&1 || true
+echo "${passed} passed, ${failed} failed"
+[ "$rc" -eq 0 ] && [ "$failed" -eq 0 ]

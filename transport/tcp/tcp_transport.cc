@@ -1,0 +1,305 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/defer.hpp>
+#include <cstring>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+namespace rdmarpc::transport::tcp {
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+constexpr size_t kInitialReadBufferBytes = 64 * 1024;
+// Buffers that grew for a large message shrink back once idle, so idle connections stay small.
+constexpr size_t kShrinkAboveBytes = 1 << 20;
+
+uint32_t LoadLe32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return le32toh(v);
+}
+
+void StoreLe32(std::byte* p, uint32_t v) {
+  v = htole32(v);
+  std::memcpy(p, &v, 4);
+}
+
+std::string EndpointUri(const tcp::endpoint& ep) {
+  Endpoint e{Scheme::kTcp, ep.address().to_string(), ep.port()};
+  return e.ToUri();
+}
+
+class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(tcp::socket socket, const Options& options)
+      : socket_(std::move(socket)), executor_(socket_.get_executor()), options_(options) {
+    boost::system::error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);
+    auto remote = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
+    rbuf_.resize(kInitialReadBufferBytes);
+  }
+
+  const Executor& executor() const override { return executor_; }
+  bool closed() const override { return closed_; }
+  size_t max_message_bytes() const override { return options_.max_message_bytes; }
+  std::string peer() const override { return peer_; }
+
+  void Start(std::shared_ptr<ConnectionHandler> handler) override {
+    handler_ = std::move(handler);
+    if (closed_) {
+      DeliverClose();
+      return;
+    }
+    ReadMore();
+  }
+
+  bool Send(const MessageWriter& message) override {
+    if (closed_) return false;
+    const size_t n = message.size();
+    if (n > options_.max_message_bytes) return false;
+    const size_t at = pending_.size();
+    pending_.resize(at + kLengthPrefixBytes + n);
+    StoreLe32(pending_.data() + at, static_cast<uint32_t>(n));
+    message.WriteTo(pending_.data() + at + kLengthPrefixBytes);
+    if (!writing_ && !flush_scheduled_) {
+      // Defer the write to the end of this event-loop turn so that every message queued in the
+      // same turn leaves in one syscall.
+      flush_scheduled_ = true;
+      asio::defer(executor_, [self = shared_from_this()] {
+        self->flush_scheduled_ = false;
+        self->Flush();
+      });
+    }
+    return true;
+  }
+
+  void Close() override { CloseWith("closed locally"); }
+
+ private:
+  void CloseWith(std::string reason) {
+    if (closed_) return;
+    closed_ = true;
+    close_reason_ = std::move(reason);
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    if (handler_) {
+      asio::post(executor_, [self = shared_from_this()] { self->DeliverClose(); });
+    }
+  }
+
+  void DeliverClose() {
+    if (close_delivered_ || !handler_) return;
+    close_delivered_ = true;
+    auto h = std::move(handler_);
+    h->OnClose(Error{close_reason_});
+  }
+
+  void Flush() {
+    if (closed_ || writing_ || pending_.empty()) return;
+    writing_ = true;
+    std::swap(pending_, inflight_);
+    asio::async_write(socket_, asio::buffer(inflight_),
+                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        self->OnWritten(ec);
+                      });
+  }
+
+  void OnWritten(boost::system::error_code ec) {
+    writing_ = false;
+    if (ec) {
+      CloseWith("write failed: " + ec.message());
+      return;
+    }
+    inflight_.clear();
+    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.shrink_to_fit();
+    Flush();
+  }
+
+  void ReadMore() {
+    if (closed_) return;
+    if (rend_ == rbuf_.size()) rbuf_.resize(rbuf_.size() * 2);
+    socket_.async_read_some(
+        asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+        [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+          self->OnRead(ec, n);
+        });
+  }
+
+  void OnRead(boost::system::error_code ec, size_t n) {
+    if (closed_) return;
+    if (ec) {
+      CloseWith(ec == asio::error::eof ? "peer closed the connection"
+                                       : "read failed: " + ec.message());
+      return;
+    }
+    rend_ += n;
+    // Deliver every complete message in the buffer, in place.
+    while (!closed_ && rend_ - rbegin_ >= kLengthPrefixBytes) {
+      const uint32_t len = LoadLe32(rbuf_.data() + rbegin_);
+      if (len > options_.max_message_bytes) {
+        spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_, len,
+                     options_.max_message_bytes);
+        CloseWith("peer sent a message of " + std::to_string(len) + " bytes, over the limit of " +
+                  std::to_string(options_.max_message_bytes));
+        return;
+      }
+      if (rend_ - rbegin_ < kLengthPrefixBytes + len) {
+        // Make room for the rest of this message in one go.
+        const size_t need = kLengthPrefixBytes + len;
+        if (rbegin_ > 0) {
+          std::memmove(rbuf_.data(), rbuf_.data() + rbegin_, rend_ - rbegin_);
+          rend_ -= rbegin_;
+          rbegin_ = 0;
+        }
+        if (need > rbuf_.size()) rbuf_.resize(need);
+        break;
+      }
+      handler_->OnMessage(
+          std::span<const std::byte>(rbuf_.data() + rbegin_ + kLengthPrefixBytes, len));
+      rbegin_ += kLengthPrefixBytes + len;
+    }
+    if (closed_) return;
+    if (rbegin_ == rend_) {
+      rbegin_ = rend_ = 0;
+      if (rbuf_.size() > kShrinkAboveBytes) {
+        rbuf_.resize(kInitialReadBufferBytes);
+        rbuf_.shrink_to_fit();
+      }
+    }
+    ReadMore();
+  }
+
+  tcp::socket socket_;
+  Executor executor_;
+  Options options_;
+  std::string peer_;
+  std::shared_ptr<ConnectionHandler> handler_;
+  std::vector<std::byte> rbuf_;
+  size_t rbegin_ = 0, rend_ = 0;
+  std::vector<std::byte> pending_, inflight_;
+  bool writing_ = false, flush_scheduled_ = false;
+  bool closed_ = false, close_delivered_ = false;
+  std::string close_reason_;
+};
+
+class TcpListener final : public Listener {
+ public:
+  struct State {
+    State(Executor ex) : acceptor(ex) {}
+    tcp::acceptor acceptor;
+    std::vector<Executor> executors;
+    AcceptHandler on_accept;
+    Options options;
+    size_t next = 0;
+    std::atomic<bool> closed{false};
+  };
+
+  explicit TcpListener(std::shared_ptr<State> s, std::string uri)
+      : state_(std::move(s)), uri_(std::move(uri)) {}
+  ~TcpListener() override { Close(); }
+
+  static void AcceptNext(std::shared_ptr<State> s) {
+    if (s->closed) return;
+    Executor target = s->executors[s->next++ % s->executors.size()];
+    s->acceptor.async_accept(target, [s](boost::system::error_code ec, tcp::socket sock) {
+      if (s->closed) return;
+      if (ec) {
+        spdlog::warn("tcp accept failed: {}", ec.message());
+        // Back off briefly on errors such as EMFILE rather than spinning.
+        auto timer = std::make_shared<asio::steady_timer>(s->acceptor.get_executor(),
+                                                          std::chrono::milliseconds(50));
+        timer->async_wait([s, timer](boost::system::error_code) { AcceptNext(s); });
+        return;
+      }
+      Executor ex = sock.get_executor();
+      asio::post(ex, [s, sock = std::move(sock)]() mutable {
+        auto conn = std::make_shared<TcpConnection>(std::move(sock), s->options);
+        s->on_accept(std::move(conn));
+      });
+      AcceptNext(s);
+    });
+  }
+
+  void Close() override {
+    if (state_->closed.exchange(true)) return;
+    asio::post(state_->acceptor.get_executor(), [s = state_] {
+      boost::system::error_code ec;
+      s->acceptor.close(ec);
+    });
+  }
+
+  std::string uri() const override { return uri_; }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::string uri_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
+                                           const std::vector<Executor>& executors,
+                                           AcceptHandler on_accept, const Options& options) {
+  if (executors.empty()) return Error{"tcp listen: no executors"};
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host,
+                                     ec);
+  if (ec) return Error{"tcp listen on " + endpoint.ToUri() + ": bad address: " + ec.message()};
+  auto state = std::make_shared<TcpListener::State>(executors[0]);
+  state->executors = executors;
+  state->on_accept = std::move(on_accept);
+  state->options = options;
+  tcp::endpoint ep(addr, endpoint.port);
+  auto& a = state->acceptor;
+  if (a.open(ep.protocol(), ec); ec) return Error{"tcp listen: socket: " + ec.message()};
+  a.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (a.bind(ep, ec); ec) return Error{"tcp listen on " + endpoint.ToUri() + ": " + ec.message()};
+  if (a.listen(asio::socket_base::max_listen_connections, ec); ec) {
+    return Error{"tcp listen on " + endpoint.ToUri() + ": " + ec.message()};
+  }
+  auto local = a.local_endpoint(ec);
+  std::string uri = EndpointUri(local);
+  TcpListener::AcceptNext(state);
+  return std::unique_ptr<Listener>(new TcpListener(state, uri));
+}
+
+asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& endpoint,
+                                                               Executor executor,
+                                                               const Options& options) {
+  tcp::resolver resolver(executor);
+  auto [rec, results] = co_await resolver.async_resolve(
+      endpoint.host, std::to_string(endpoint.port), asio::as_tuple(asio::use_awaitable));
+  if (rec) {
+    co_return Error{"cannot resolve " + endpoint.ToUri() + ": " + rec.message()};
+  }
+  tcp::socket socket(executor);
+  asio::steady_timer timer(executor, std::chrono::milliseconds(options.connect_timeout_ms));
+  using namespace asio::experimental::awaitable_operators;
+  auto outcome = co_await (
+      asio::async_connect(socket, results, asio::as_tuple(asio::use_awaitable)) ||
+      timer.async_wait(asio::as_tuple(asio::use_awaitable)));
+  if (outcome.index() == 1) {
+    co_return Error{"connect to " + endpoint.ToUri() + " timed out after " +
+                    std::to_string(options.connect_timeout_ms) + " ms"};
+  }
+  auto [cec, ep] = std::get<0>(outcome);
+  if (cec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + cec.message()};
+  co_return std::shared_ptr<Connection>(std::make_shared<TcpConnection>(std::move(socket), options));
+}
+
+}  // namespace rdmarpc::transport::tcp

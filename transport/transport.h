@@ -1,0 +1,110 @@
+// The transport interface: the only thing the RPC layer knows about moving bytes.
+//
+// A transport carries opaque messages (whole byte strings) between two peers, in order, each
+// delivered exactly once or the connection fails. Message boundaries are preserved. Transports
+// know nothing of protobuf, services or calls.
+//
+// Threading: every Connection lives on one executor (one I/O thread's io_context). All of its
+// methods must be called from that executor's thread, and every callback arrives there. There
+// are no locks on this path by design (shared-nothing, one event loop per thread).
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transport/expected.h"
+
+namespace rdmarpc::transport {
+
+using Executor = boost::asio::any_io_executor;
+
+// Tunables shared by all transports. Defaults are chosen for latency-critical services.
+struct Options {
+  // Largest message a connection accepts or sends. 64 MiB of payload plus room for headers.
+  size_t max_message_bytes = (64u << 20) + 4096;
+  // How long Connect may take before it fails.
+  int connect_timeout_ms = 5000;
+  // RDMA only: spin on the completion queue instead of sleeping on its channel fd.
+  bool busy_poll = false;
+};
+
+// Writes one outgoing message straight into transport-owned memory (the TCP write buffer, or a
+// registered RDMA send buffer), so that the RPC layer serializes without an extra copy.
+class MessageWriter {
+ public:
+  virtual size_t size() const = 0;
+  // Writes exactly size() bytes to dst.
+  virtual void WriteTo(std::byte* dst) const = 0;
+
+ protected:
+  ~MessageWriter() = default;
+};
+
+// Receives what arrives on a connection. Implemented by the layer above.
+class ConnectionHandler {
+ public:
+  virtual ~ConnectionHandler() = default;
+  // One complete message. `message` points into the transport's receive buffer or ring and is
+  // valid only until this returns: parse or copy it first.
+  virtual void OnMessage(std::span<const std::byte> message) = 0;
+  // The connection is closed, by either side or by an error; `reason` says which. Called exactly
+  // once, never from inside Send or Close, and no OnMessage follows.
+  virtual void OnClose(const Error& reason) = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  virtual const Executor& executor() const = 0;
+
+  // Starts delivering messages. The connection keeps `handler` alive until it has called
+  // OnClose, then drops it (so handler -> connection references do not leak).
+  virtual void Start(std::shared_ptr<ConnectionHandler> handler) = 0;
+
+  // Queues one message for sending; never blocks. Messages queued in one event-loop turn are
+  // gathered into as few writes as possible. Returns false, sending nothing, when the
+  // connection is closed or the message is larger than max_message_bytes().
+  virtual bool Send(const MessageWriter& message) = 0;
+
+  // Closes the connection; queued messages may be lost. OnClose follows (posted).
+  virtual void Close() = 0;
+
+  virtual bool closed() const = 0;
+  virtual size_t max_message_bytes() const = 0;
+  // The peer's address, e.g. "tcp://127.0.0.1:51234", for logs and ServerContext.
+  virtual std::string peer() const = 0;
+};
+
+// Accepts connections until closed.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // Stops accepting. Thread-safe; idempotent.
+  virtual void Close() = 0;
+  // The bound address, with the real port when 0 was asked for.
+  virtual std::string uri() const = 0;
+};
+
+// Called with each accepted connection, on that connection's executor, before Start.
+using AcceptHandler = std::function<void(std::shared_ptr<Connection>)>;
+
+// Binds `uri` and accepts connections, spreading them round-robin over `executors` (one per
+// I/O thread). Fails at once, with a message, if the address cannot be bound or the scheme's
+// transport is unavailable (e.g. rdma:// without an RDMA device).
+Expected<std::unique_ptr<Listener>> Listen(const std::string& uri,
+                                           const std::vector<Executor>& executors,
+                                           AcceptHandler on_accept, const Options& options);
+
+// Connects to `uri`; the connection lives on `executor`. Bounded by options.connect_timeout_ms.
+boost::asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const std::string& uri,
+                                                                      Executor executor,
+                                                                      const Options& options);
+
+}  // namespace rdmarpc::transport
