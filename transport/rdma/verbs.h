@@ -1,0 +1,50 @@
+// Move-only RAII owners for verbs and rdma_cm resources: every error path releases what it made.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <memory>
+
+namespace rdmarpc::transport::rdma {
+
+struct PdDeleter {
+  void operator()(ibv_pd* p) const { ibv_dealloc_pd(p); }
+};
+struct CqDeleter {
+  void operator()(ibv_cq* p) const { ibv_destroy_cq(p); }
+};
+struct CompChannelDeleter {
+  void operator()(ibv_comp_channel* p) const { ibv_destroy_comp_channel(p); }
+};
+struct MrDeleter {
+  void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
+};
+struct EventChannelDeleter {
+  void operator()(rdma_event_channel* p) const { rdma_destroy_event_channel(p); }
+};
+struct CmIdDeleter {
+  void operator()(rdma_cm_id* id) const {
+    if (id->qp) rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+  }
+};
+struct CmEventAcker {
+  void operator()(rdma_cm_event* e) const { rdma_ack_cm_event(e); }
+};
+
+using Pd = std::unique_ptr<ibv_pd, PdDeleter>;
+using Cq = std::unique_ptr<ibv_cq, CqDeleter>;
+using CompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
+using Mr = std::unique_ptr<ibv_mr, MrDeleter>;
+using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
+using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
+using CmEvent = std::unique_ptr<rdma_cm_event, CmEventAcker>;
+
+// Page-aligned memory for registration.
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<std::byte, AlignedFree>;
+
+}  // namespace rdmarpc::transport::rdma
