@@ -41,6 +41,11 @@ class InventoryImpl final : public store::Inventory::Service {
     out.set_value("svc:" + in.value());
     co_return rdmarpc::Status();
   }
+  boost::asio::awaitable<rdmarpc::Status> Toggle(rdmarpc::ServerContext&, const store::switch_& in,
+                                                 store::switch_& out) override {
+    out.set_on(!in.on());
+    co_return rdmarpc::Status();
+  }
   std::string last_sku;
 };
 
@@ -81,7 +86,7 @@ TEST_CASE("generated services with awkward names route every call to its own han
   REQUIRE(server.AddService(nothing).ok());
   CHECK(nothing.rdmarpc_methods().empty());
   CHECK(inventory.rdmarpc_service_name() == "acme.store.v1.Inventory");
-  CHECK(inventory.rdmarpc_methods().size() == 9);
+  CHECK(inventory.rdmarpc_methods().size() == 10);
   // The same service twice is a method-id collision.
   BillingImpl billing2;
   CHECK(server.AddService(billing2).code() == rdmarpc::StatusCode::kAlreadyExists);
@@ -124,6 +129,12 @@ TEST_CASE("generated services with awkward names route every call to its own han
   CHECK(inv.BlockingStub_(Empty()).status().code() == rdmarpc::StatusCode::kUnimplemented);
   CHECK(inv.rdmarpc_methods_(Empty()).status().code() == rdmarpc::StatusCode::kUnimplemented);
   CHECK(inv.List(store::ListRequest()).status().code() == rdmarpc::StatusCode::kUnimplemented);
+
+  store::switch_ sw;
+  sw.set_on(false);
+  auto t = inv.Toggle(sw);
+  REQUIRE(t.ok());
+  CHECK(t->on());
 
   // Same method name in two services of one file: each reaches its own service.
   store::Billing::BlockingStub bill(*ch);
