@@ -27,7 +27,7 @@ while read -r target status; do
     bad=$(grep -c '<failure' "$xml" || true)
     skip=$(grep -c '<skipped' "$xml" || true)
     skipped=$((skipped + skip))
-    cases=$((cases - skip))
+    cases=$((cases - skip < 0 ? 0 : cases - skip))
   fi
   if [ "$status" = PASSED ] || [ "$status" = FLAKY ]; then
     if [ "$cases" -eq 0 ]; then cases=1; fi   # a target that reports no cases counts once
@@ -44,13 +44,18 @@ done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS
          sed -E 's/\(cached\) //' | awk '{print $1, $2}')
 rm -f "$log"
 
+# The Soft-RoCE VM suite is tagged manual while an intermittent RDMA connection set-up hang is
+# open; say so loudly rather than let it pass unnoticed.
+echo "NOTE: //test:rdma_vm_test (the RDMA suite in the Soft-RoCE VM) is NOT RUN by default:"
+echo "      intermittent connection set-up hang over RDMA; run: bazel test //test:rdma_vm_test"
+skipped=$((skipped + 1))
+
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $rc (build failure?)"
   failed=1
 fi
 bazel shutdown >/dev/null 2>&1 || true
 if [ "$skipped" -gt 0 ]; then
-  echo "NOTE: $skipped test case(s) not run; see the NOT RUN lines of //test:rdma_vm_test"
   echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 else
   echo "${passed} passed, ${failed} failed"
