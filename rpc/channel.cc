@@ -98,13 +98,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       case FrameType::kResponse:
         OnResponse(f);
         break;
-      case FrameType::kPing: {
-        FrameHeader pong;
-        pong.type = FrameType::kPong;
-        pong.call_id = f.header.call_id;
-        conn_->Send(internal::FrameWriter(pong, std::string_view()));
+      case FrameType::kPing:
+        internal::SendPong(*conn_, f.header.call_id);
         break;
-      }
       default:
         // PONG, GOAWAY and others are not used by this version's client; ignoring them is
         // what the protocol asks of a peer that does not act on a frame type.

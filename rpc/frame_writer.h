@@ -51,4 +51,12 @@ class FrameWriter final : public transport::MessageWriter {
   size_t payload_bytes_ = 0;
 };
 
+// Answers a PING with a PONG carrying the same call id (both ends of a connection do this).
+inline void SendPong(transport::Connection& conn, uint64_t call_id) {
+  FrameHeader pong;
+  pong.type = FrameType::kPong;
+  pong.call_id = call_id;
+  conn.Send(FrameWriter(pong, std::string_view()));
+}
+
 }  // namespace rdmarpc::internal

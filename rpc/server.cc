@@ -83,13 +83,9 @@ class ServerConnection final : public transport::ConnectionHandler,
       case FrameType::kRequest:
         OnRequest(f);
         break;
-      case FrameType::kPing: {
-        FrameHeader pong;
-        pong.type = FrameType::kPong;
-        pong.call_id = f.header.call_id;
-        conn_->Send(FrameWriter(pong, std::string_view()));
+      case FrameType::kPing:
+        internal::SendPong(*conn_, f.header.call_id);
         break;
-      }
       default:
         // CANCEL is advisory in this version (the reply is simply discarded by the caller);
         // other types are not meant for a server and are ignored, as the protocol specifies.

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "transport/handler_slot.h"
 #include "transport/rdma/ring.h"
 #include "transport/rdma/verbs.h"
 
@@ -319,7 +320,7 @@ class RdmaConnection final : public Connection,
   void WatchEvents() {
     event_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
                          [self = shared_from_this()](boost::system::error_code ec) {
-                           if (ec || self->closed_) return;
+                           if (ec || self->handler_.closed()) return;
                            rdma_cm_event* e = nullptr;
                            while (rdma_get_cm_event(self->events_.get(), &e) == 0) {
                              auto type = e->event;
@@ -338,17 +339,19 @@ class RdmaConnection final : public Connection,
 
   // --- Connection ----------------------------------------------------------------------------
   const Executor& executor() const override { return executor_; }
-  bool closed() const override { return closed_; }
+  bool closed() const override { return handler_.closed(); }
   size_t max_message_bytes() const override { return options_.max_message_bytes; }
   std::string peer() const override { return peer_; }
 
   void Start(std::shared_ptr<ConnectionHandler> handler) override {
-    handler_ = std::move(handler);
-    if (closed_) asio::post(executor_, [self = shared_from_this()] { self->DeliverClose(); });
+    handler_.Set(std::move(handler));
+    if (handler_.closed()) {
+      asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
+    }
   }
 
   bool Send(const MessageWriter& message) override {
-    if (closed_) return false;
+    if (handler_.closed()) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
     if (pending_.empty() && n + kRecordHeaderBytes <= send_ring_.max_record_bytes() && CanPost()) {
@@ -373,7 +376,7 @@ class RdmaConnection final : public Connection,
 
   // --- completions -----------------------------------------------------------------------------
   void OnCompletion(const ibv_wc& wc) {
-    if (closed_) return;  // flushed work requests after a close
+    if (handler_.closed()) return;  // flushed work requests after a close
     if (wc.status != IBV_WC_SUCCESS) {
       CloseWith(std::string("RDMA work completion failed: ") + ibv_wc_status_str(wc.status));
       return;
@@ -457,7 +460,7 @@ class RdmaConnection final : public Connection,
   }
 
   void SendPending() {
-    while (!pending_.empty() && !closed_ && CanPost()) {
+    while (!pending_.empty() && !handler_.closed() && CanPost()) {
       auto& m = pending_.front();
       const size_t chunk =
           std::min(m.size() - pending_sent_, size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
@@ -496,7 +499,7 @@ class RdmaConnection final : public Connection,
     if (!reassembling_) {
       if (len == total) {
         // The common case: the whole message in one record, delivered in place.
-        if (handler_) handler_->OnMessage(std::span<const std::byte>(data, len));
+        if (auto* h = handler_.get()) h->OnMessage(std::span<const std::byte>(data, len));
       } else if (len < total) {
         reassembling_ = true;
         partial_total_ = total;
@@ -515,12 +518,12 @@ class RdmaConnection final : public Connection,
       partial_.insert(partial_.end(), data, data + len);
       if (partial_.size() == total) {
         reassembling_ = false;
-        if (handler_) handler_->OnMessage(std::span<const std::byte>(partial_.data(), total));
+        if (auto* h = handler_.get()) h->OnMessage(std::span<const std::byte>(partial_.data(), total));
         partial_.clear();
         partial_.shrink_to_fit();
       }
     }
-    if (closed_) return;
+    if (handler_.closed()) return;
     // Return credits once a quarter of the ring is free (ring.h explains why that suffices).
     if (uint64_t c = recv_ring_.TakeCredits(kRingBytes / 4)) {
       PostWrite(0, 0, kImmCreditBit | static_cast<uint32_t>(c / kRecordAlignBytes));
@@ -528,19 +531,10 @@ class RdmaConnection final : public Connection,
   }
 
   void CloseWith(std::string reason) {
-    if (closed_) return;
-    closed_ = true;
-    close_reason_ = std::move(reason);
+    if (!handler_.MarkClosed(std::move(reason))) return;
     if (id_) rdma_disconnect(id_.get());
     pending_.clear();
-    asio::post(executor_, [self = shared_from_this()] { self->DeliverClose(); });
-  }
-
-  void DeliverClose() {
-    if (close_delivered_ || !handler_) return;
-    close_delivered_ = true;
-    auto h = std::move(handler_);
-    h->OnClose(Error{close_reason_});
+    asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
 
   Executor executor_;
@@ -566,9 +560,7 @@ class RdmaConnection final : public Connection,
   bool reassembling_ = false;
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
-  std::shared_ptr<ConnectionHandler> handler_;
-  bool closed_ = false, close_delivered_ = false;
-  std::string close_reason_;
+  HandlerSlot handler_;
 };
 
 void ThreadDevice::Poll() {

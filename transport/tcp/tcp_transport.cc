@@ -14,6 +14,8 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/defer.hpp>
 #include <cstring>
+
+#include "transport/handler_slot.h"
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 namespace rdmarpc::transport::tcp {
@@ -54,21 +56,21 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   const Executor& executor() const override { return executor_; }
-  bool closed() const override { return closed_; }
+  bool closed() const override { return handler_.closed(); }
   size_t max_message_bytes() const override { return options_.max_message_bytes; }
   std::string peer() const override { return peer_; }
 
   void Start(std::shared_ptr<ConnectionHandler> handler) override {
-    handler_ = std::move(handler);
-    if (closed_) {
-      DeliverClose();
+    handler_.Set(std::move(handler));
+    if (handler_.closed()) {
+      asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
       return;
     }
     ReadMore();
   }
 
   bool Send(const MessageWriter& message) override {
-    if (closed_) return false;
+    if (handler_.closed()) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
     const size_t at = pending_.size();
@@ -91,26 +93,15 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
  private:
   void CloseWith(std::string reason) {
-    if (closed_) return;
-    closed_ = true;
-    close_reason_ = std::move(reason);
+    if (!handler_.MarkClosed(std::move(reason))) return;
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
-    if (handler_) {
-      asio::post(executor_, [self = shared_from_this()] { self->DeliverClose(); });
-    }
-  }
-
-  void DeliverClose() {
-    if (close_delivered_ || !handler_) return;
-    close_delivered_ = true;
-    auto h = std::move(handler_);
-    h->OnClose(Error{close_reason_});
+    asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
 
   void Flush() {
-    if (closed_ || writing_ || pending_.empty()) return;
+    if (handler_.closed() || writing_ || pending_.empty()) return;
     writing_ = true;
     std::swap(pending_, inflight_);
     asio::async_write(socket_, asio::buffer(inflight_),
@@ -131,7 +122,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void ReadMore() {
-    if (closed_) return;
+    if (handler_.closed()) return;
     if (rend_ == rbuf_.size()) rbuf_.resize(rbuf_.size() * 2);
     socket_.async_read_some(
         asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
@@ -141,7 +132,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void OnRead(boost::system::error_code ec, size_t n) {
-    if (closed_) return;
+    if (handler_.closed()) return;
     if (ec) {
       CloseWith(ec == asio::error::eof ? "peer closed the connection"
                                        : "read failed: " + ec.message());
@@ -149,7 +140,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
     rend_ += n;
     // Deliver every complete message in the buffer, in place.
-    while (!closed_ && rend_ - rbegin_ >= kLengthPrefixBytes) {
+    while (!handler_.closed() && rend_ - rbegin_ >= kLengthPrefixBytes) {
       const uint32_t len = LoadLe32(rbuf_.data() + rbegin_);
       if (len > options_.max_message_bytes) {
         spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_, len,
@@ -169,11 +160,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         if (need > rbuf_.size()) rbuf_.resize(need);
         break;
       }
-      handler_->OnMessage(
+      handler_.get()->OnMessage(
           std::span<const std::byte>(rbuf_.data() + rbegin_ + kLengthPrefixBytes, len));
       rbegin_ += kLengthPrefixBytes + len;
     }
-    if (closed_) return;
+    if (handler_.closed()) return;
     if (rbegin_ == rend_) {
       rbegin_ = rend_ = 0;
       if (rbuf_.size() > kShrinkAboveBytes) {
@@ -188,13 +179,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   Executor executor_;
   Options options_;
   std::string peer_;
-  std::shared_ptr<ConnectionHandler> handler_;
+  HandlerSlot handler_;
   std::vector<std::byte> rbuf_;
   size_t rbegin_ = 0, rend_ = 0;
   std::vector<std::byte> pending_, inflight_;
   bool writing_ = false, flush_scheduled_ = false;
-  bool closed_ = false, close_delivered_ = false;
-  std::string close_reason_;
 };
 
 class TcpListener final : public Listener {
