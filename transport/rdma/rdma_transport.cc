@@ -24,7 +24,6 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <unordered_map>
 
 #include "transport/handler_slot.h"
@@ -129,25 +128,18 @@ class RdmaConnection;
 // One CQ (with its completion channel and PD) per I/O thread and device.
 class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
  public:
+  // The device state of the I/O thread that runs `ex`, created on first use. Call on that thread.
   static Expected<std::shared_ptr<ThreadDevice>> For(const Executor& ex, ibv_context* verbs,
-                                                     bool busy_poll) {
-    static std::mutex mu;
-    static std::map<std::pair<void*, ibv_context*>, std::weak_ptr<ThreadDevice>> registry;
-    void* ctx = &asio::query(ex, asio::execution::context);
-    std::lock_guard lock(mu);
-    auto& slot = registry[{ctx, verbs}];
-    if (auto d = slot.lock()) return d;
-    auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, busy_poll));
-    std::string err = d->Init();
-    if (!err.empty()) return Error{err};
-    slot = d;
-    d->Arm();
-    return d;
-  }
+                                                     bool busy_poll);
 
   ~ThreadDevice() {
-    if (fd_.is_open()) fd_.release();
+    Detach();
     if (unacked_) ibv_ack_cq_events(cq_.get(), unacked_);
+  }
+
+  // Stops waiting on the completion fd; for when the io_context goes away first.
+  void Detach() {
+    if (fd_.is_open()) fd_.release();
   }
 
   ibv_pd* pd() const { return pd_.get(); }
@@ -574,6 +566,39 @@ void ThreadDevice::Poll() {
       if (auto c = it->second.lock()) c->OnCompletion(wcs[i]);
     }
   }
+}
+
+// Keeps each io_context's ThreadDevices inside that io_context, as an Asio service: they live and
+// die with it. (A global map keyed by the context's address once handed a new io_context the
+// device of a destroyed one at the same address, whose completion fd nobody waited on any more.)
+class DeviceService final : public asio::execution_context::service {
+ public:
+  using key_type = DeviceService;
+  static inline asio::execution_context::id id;
+  explicit DeviceService(asio::execution_context& ctx) : service(ctx) {}
+
+  void shutdown() override {
+    for (auto& [verbs, weak] : devices_) {
+      if (auto d = weak.lock()) d->Detach();
+    }
+    devices_.clear();
+  }
+
+  // Only from the context's own thread: no lock.
+  std::map<ibv_context*, std::weak_ptr<ThreadDevice>> devices_;
+};
+
+Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ibv_context* verbs,
+                                                          bool busy_poll) {
+  auto& service = asio::use_service<DeviceService>(asio::query(ex, asio::execution::context));
+  auto& slot = service.devices_[verbs];
+  if (auto d = slot.lock()) return d;
+  auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, busy_poll));
+  std::string err = d->Init();
+  if (!err.empty()) return Error{err};
+  slot = d;
+  d->Arm();
+  return d;
 }
 
 std::string SockaddrUri(const sockaddr* sa) {
