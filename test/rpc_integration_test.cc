@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <thread>
@@ -105,22 +106,36 @@ TEST_CASE("8 clients on one server at once are all served", "[rpc]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   std::atomic<int> good{0};
+  std::mutex mu;
+  std::string first_error;  // for the failure message
+  auto note = [&](const std::string& e) {
+    std::lock_guard lock(mu);
+    if (first_error.empty()) first_error = e;
+  };
   std::vector<std::thread> clients;
   for (int c = 0; c < 8; ++c) {
     clients.emplace_back([&, c] {
       auto ch = Channel::ConnectBlocking(ts.uri);
-      if (!ch.ok()) return;
+      if (!ch.ok()) {
+        note("connect: " + ch.status().ToString());
+        return;
+      }
       TestService::BlockingStub stub(*ch);
       for (int i = 0; i < 200; ++i) {
         EchoRequest req;
         req.set_seq(c * 1000 + i);
         req.set_payload(Pattern(64, c * 1000 + i));
         auto r = stub.Echo(req);
-        if (r.ok() && r->seq() == req.seq() && r->payload() == req.payload()) ++good;
+        if (r.ok() && r->seq() == req.seq() && r->payload() == req.payload()) {
+          ++good;
+        } else {
+          note("call " + std::to_string(i) + ": " + r.status().ToString());
+        }
       }
     });
   }
   for (auto& t : clients) t.join();
+  INFO("first error: " << first_error);
   REQUIRE(good == 8 * 200);
 }
 

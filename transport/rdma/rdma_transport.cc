@@ -339,6 +339,13 @@ class RdmaConnection final : public Connection,
     handler_.Set(std::move(handler));
     if (handler_.closed()) {
       asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
+      return;
+    }
+    if (!early_.empty()) {
+      asio::post(executor_, [self = shared_from_this()] {
+        auto early = std::move(self->early_);
+        for (const ibv_wc& wc : early) self->OnCompletion(wc);
+      });
     }
   }
 
@@ -369,6 +376,12 @@ class RdmaConnection final : public Connection,
   // --- completions -----------------------------------------------------------------------------
   void OnCompletion(const ibv_wc& wc) {
     if (handler_.closed()) return;  // flushed work requests after a close
+    if (!handler_.get()) {
+      // The peer may send as soon as it sees ESTABLISHED, before this side has seen it and been
+      // started: keep those completions (their records stay in the ring) until Start.
+      early_.push_back(wc);
+      return;
+    }
     if (wc.status != IBV_WC_SUCCESS) {
       CloseWith(std::string("RDMA work completion failed: ") + ibv_wc_status_str(wc.status));
       return;
@@ -491,7 +504,7 @@ class RdmaConnection final : public Connection,
     if (!reassembling_) {
       if (len == total) {
         // The common case: the whole message in one record, delivered in place.
-        if (auto* h = handler_.get()) h->OnMessage(std::span<const std::byte>(data, len));
+        handler_.get()->OnMessage(std::span<const std::byte>(data, len));
       } else if (len < total) {
         reassembling_ = true;
         partial_total_ = total;
@@ -510,7 +523,7 @@ class RdmaConnection final : public Connection,
       partial_.insert(partial_.end(), data, data + len);
       if (partial_.size() == total) {
         reassembling_ = false;
-        if (auto* h = handler_.get()) h->OnMessage(std::span<const std::byte>(partial_.data(), total));
+        handler_.get()->OnMessage(std::span<const std::byte>(partial_.data(), total));
         partial_.clear();
         partial_.shrink_to_fit();
       }
@@ -553,6 +566,7 @@ class RdmaConnection final : public Connection,
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
   HandlerSlot handler_;
+  std::vector<ibv_wc> early_;  // completions that arrived before Start
 };
 
 void ThreadDevice::Poll() {
