@@ -44,12 +44,6 @@ done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS
          sed -E 's/\(cached\) //' | awk '{print $1, $2}')
 rm -f "$log"
 
-# The Soft-RoCE VM suite is tagged manual until it has a record of passing reliably; say so
-# loudly rather than let it pass unnoticed.
-echo "NOTE: //test:rdma_vm_test (the RDMA suite in the Soft-RoCE VM) is NOT RUN by default;"
-echo "      run: bazel test //test:rdma_vm_test"
-skipped=$((skipped + 1))
-
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $rc (build failure?)"
   failed=1

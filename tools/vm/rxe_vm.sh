@@ -3,13 +3,21 @@
 # Debian/Ubuntu machine without an RDMA NIC. The guest runs the host's own userspace (the host
 # root is shared read-only under a tmpfs overlay), so binaries built on the host run unchanged.
 #
-#   tools/vm/rxe_vm.sh [--timeout SECONDS] [--mtu N] [--] COMMAND [ARGS...]
+#   tools/vm/rxe_vm.sh [--timeout SECONDS] [--mtu N] [--share DIR] [--peer 'PEER COMMAND']
+#                      [--] COMMAND [ARGS...]
 #
 # Inside the guest: rxe0 is configured on dummy0 with address $RXE_ADDR (198.18.0.1, from the
 # benchmarking range; the guest has no host-facing NIC, so nothing it sends leaves the VM),
-# `ulimit -l` is unlimited, and the working directory is the caller's. The command's output is
-# streamed here; this script exits with the command's exit status (124 on timeout, 125 when the
-# VM itself failed).
+# `ulimit -l` is unlimited, and the working directory is the caller's. The host root is read-only
+# in the guest; --share DIR makes DIR writable there (same path), for results.
+# The command's output is streamed here; this script exits with the command's exit status (124 on
+# timeout, 125 when the VM itself failed).
+#
+# Two-VM mode (--peer): a second guest (198.18.0.2) runs PEER COMMAND (a shell line) while the
+# main guest (198.18.0.1) runs COMMAND; the two are joined by a virtio link over a unix socket,
+# and rxe0 sits on that link in each, so RDMA traffic crosses a wire between two kernels.
+# $RXE_PEER_ADDR holds the other guest's address. The peer's output is prefixed "[peer] "; it is
+# stopped when COMMAND ends.
 #
 # The kernel (Debian's linux-image-amd64 package) is fetched once with `apt-get download` into
 # $RDMARPC_VM_CACHE (default ~/.cache/rdmarpc-vm) and unpacked there, never installed.
@@ -17,12 +25,16 @@ set -euo pipefail
 
 timeout_s=600
 mtu=1500
+share=""
+peer_cmd=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --timeout) timeout_s="$2"; shift 2 ;;
     --mtu) mtu="$2"; shift 2 ;;
+    --share) share=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --peer) peer_cmd="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -79,55 +91,98 @@ if [ ! -f "$initrd" ] || [ "$init_src" -nt "$initrd" ]; then
   rm -rf "$ird"
 fi
 
-# --- one run -------------------------------------------------------------------------------
+# --- the run ---------------------------------------------------------------------------------
 run=$(mktemp -d /tmp/rxe_vm.XXXXXX)
 chmod 777 "$run"
+pids=()
 cleanup() {
-  [ -n "${qpid:-}" ] && kill "$qpid" 2>/dev/null || true
-  [ -n "${tpid:-}" ] && kill "$tpid" 2>/dev/null || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$run"
 }
 trap cleanup EXIT
-{
-  printf 'cd %q\n' "$PWD"
-  printf 'export RXE_MTU=%q\n' "$mtu"
-  # Carry the caller's test-related environment into the guest.
-  env | grep -E '^(RDMARPC_|TEST_|XML_OUTPUT_FILE|HOME=|PATH=)' | sed 's/^/export /; s/=\(.*\)$/="\1"/' || true
-  printf 'exec'
-  printf ' %q' "$@"
-  printf '\n'
-} > "$run/cmd.sh"
-touch "$run/output"
+
+# Prepares guest $1's shared folder: its address, the command, the shared folder's path.
+prepare() {
+  local dir="$run/$1" addr="$2" peer_addr="$3"; shift 3
+  mkdir -p "$dir"; chmod 777 "$dir"
+  printf 'RXE_ADDR=%s\nRXE_PEER_ADDR=%s\n' "$addr" "$peer_addr" > "$dir/net.env"
+  [ -n "$share" ] && printf '%s' "$share" > "$dir/share_dir"
+  {
+    printf 'cd %q\n' "$PWD"
+    printf 'export RXE_MTU=%q\n' "$mtu"
+    # Carry the caller's test-related environment into the guest.
+    env | grep -E '^(RDMARPC_|TEST_|XML_OUTPUT_FILE|HOME=|PATH=)' | sed 's/^/export /; s/=\(.*\)$/="\1"/' || true
+    printf 'exec'
+    printf ' %q' "$@"
+    printf '\n'
+  } > "$dir/cmd.sh"
+  touch "$dir/output"
+}
 
 accel="-accel tcg,thread=multi -cpu max"
 if [ "${RDMARPC_VM_KVM:-0}" = 1 ] && [ -w /dev/kvm ]; then accel="-accel kvm -cpu host"; fi
-# shellcheck disable=SC2086
-qemu-system-x86_64 $accel -m 2G -smp 2 \
-  -kernel "$vmlinuz" -initrd "$initrd" \
-  -append "console=ttyS0 loglevel=4 panic=-1 nokaslr" \
-  -nodefaults -display none -no-reboot -nic none \
-  -serial "file:$run/console.log" \
-  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-  -virtfs "local,path=$run,mount_tag=runshare,security_model=none" &
-qpid=$!
-tail -n +1 -f "$run/output" --pid="$qpid" &
-tpid=$!
 
-( sleep "$timeout_s"; kill "$qpid" 2>/dev/null ) &
+# Boots guest $1; $2.. are extra qemu arguments (its NIC in two-VM mode).
+boot() {
+  local name="$1"; shift
+  local dir="$run/$name"
+  local extra=()
+  [ -n "$share" ] && extra+=(-virtfs "local,path=$share,mount_tag=outshare,security_model=none")
+  # shellcheck disable=SC2086
+  qemu-system-x86_64 $accel -m "$mem" -smp 2 \
+    -kernel "$vmlinuz" -initrd "$initrd" \
+    -append "console=ttyS0 loglevel=4 panic=-1 nokaslr" \
+    -nodefaults -display none -no-reboot \
+    -serial "file:$dir/console.log" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$dir,mount_tag=runshare,security_model=none" \
+    "${extra[@]}" "$@" 2>>"$dir/qemu.log" &
+}
+
+if [ -z "$peer_cmd" ]; then
+  prepare main 198.18.0.1 "" "$@"
+  mem=2G
+  boot main -nic none
+  qpid=$!; pids+=("$qpid")
+else
+  # Two guests joined by a point-to-point link over a unix socket on this host: rxe traffic
+  # crosses a real (virtual) wire, and nothing leaves the host.
+  prepare main 198.18.0.1 198.18.0.2 "$@"
+  prepare peer 198.18.0.2 198.18.0.1 bash -c "$peer_cmd"
+  mem=1536M
+  boot peer -netdev "stream,id=link,server=on,addr.type=unix,addr.path=$run/link.sock" \
+    -device virtio-net-pci,netdev=link,mac=52:54:00:12:00:02
+  ppid=$!; pids+=("$ppid")
+  for _ in $(seq 100); do [ -S "$run/link.sock" ] && break; sleep 0.1; done
+  boot main -netdev "stream,id=link,server=off,addr.type=unix,addr.path=$run/link.sock" \
+    -device virtio-net-pci,netdev=link,mac=52:54:00:12:00:01
+  qpid=$!; pids+=("$qpid")
+  tail -s 0.2 -n +1 -f "$run/peer/output" --pid="$ppid" 2>/dev/null | sed -u 's/^/[peer] /' &
+  pids+=($!)
+fi
+tail -s 0.2 -n +1 -f "$run/main/output" --pid="$qpid" &
+tpid=$!; pids+=("$tpid")
+
+# The watchdog must not hold our stdout: a caller reading it through a pipe would wait for the
+# orphaned sleep.
+( sleep "$timeout_s"; kill "$qpid" 2>/dev/null ) </dev/null >/dev/null 2>&1 &
 killer=$!
 wait "$qpid" || true
+pkill -P "$killer" sleep 2>/dev/null || true
 kill "$killer" 2>/dev/null || true
-sleep 0.2
-kill "$tpid" 2>/dev/null || true
+[ -n "${ppid:-}" ] && { kill "$ppid" 2>/dev/null || true; }
+# tail ends by itself once it has printed everything and sees qemu gone.
 wait "$tpid" 2>/dev/null || true
 
-if [ -f "$run/rc" ]; then
-  exit "$(cat "$run/rc")"
+cat "$run/main/qemu.log" >&2 2>/dev/null || true
+if [ -f "$run/main/rc" ]; then
+  exit "$(cat "$run/main/rc")"
 fi
-if ! grep -q "rxe_vm guest: ready" "$run/console.log" 2>/dev/null; then
+if ! grep -q "rxe_vm guest: ready" "$run/main/console.log" 2>/dev/null; then
   say "the VM did not come up; console log:"
-  tail -n 40 "$run/console.log" >&2 || true
+  tail -n 40 "$run/main/console.log" >&2 || true
   exit 125
 fi
-say "timed out after ${timeout_s}s"
+say "timed out after ${timeout_s}s; end of the guest console:"
+tail -n 20 "$run/main/console.log" >&2 || true
 exit 124

@@ -55,9 +55,18 @@ namespace {
 constexpr uint32_t kRingBytes = 1u << 20;
 // Record header inside the ring: u32 total message bytes, u32 reserved.
 constexpr uint32_t kRecordHeaderBytes = 8;
-// Receives kept posted: one per possible record in the ring, plus room for credit messages.
-constexpr uint32_t kRecvDepth = kRingBytes / kRecordAlignBytes + 64;
-constexpr uint32_t kSendDepth = kRingBytes / kRecordAlignBytes + 64;
+// Receives kept posted in each I/O thread's shared receive queue (SRQ), for all its connections.
+// An RDMA_WRITE_WITH_IMM consumes one; they are reposted as completions are polled. A per-QP
+// receive queue deep enough for a full ring of small records (16k) made every closing connection
+// flush 16k completions into the thread's CQ, and two at once overflowed it (rxe: 32767 CQEs),
+// which put every other QP on that CQ into error.
+constexpr uint32_t kSrqDepth = 8192;
+// Send work requests a connection may have outstanding. Chunks are up to a quarter of the ring,
+// so a few suffice for bulk; 256 keeps 256 small records in flight.
+constexpr uint32_t kSendDepth = 256;
+// wr_id of every receive; sends carry small counts (see PostWrite), so the two never collide.
+// (A completion's opcode is undefined when its status is an error; wr_id is not.)
+constexpr uint64_t kRecvWrId = ~uint64_t(0);
 // Selective signaling: one signaled send per this many.
 constexpr uint32_t kSignalEvery = 32;
 constexpr int kResolveTimeoutMs = 2000;
@@ -125,16 +134,28 @@ AlignedBuffer AllocAligned(size_t bytes) {
 
 class RdmaConnection;
 
-// One CQ (with its completion channel and PD) per I/O thread and device.
+// Per I/O thread and device: the PD, one completion channel whose fd Asio waits on, one SRQ and
+// one or more CQs. A CQ takes connections only while the worst case fits in it: every SRQ receive
+// completed into it plus every connection's send queue flushed into it at once. Past that a new
+// CQ is created on the same channel, so the number of connections is not bounded by max_cqe.
 class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
  public:
+  struct CqSlot {
+    Cq cq;
+    unsigned unacked = 0;  // events taken with ibv_get_cq_event but not yet acknowledged
+    unsigned conns = 0;
+    bool evented = false;
+  };
+
   // The device state of the I/O thread that runs `ex`, created on first use. Call on that thread.
   static Expected<std::shared_ptr<ThreadDevice>> For(const Executor& ex, ibv_context* verbs,
                                                      bool busy_poll);
 
   ~ThreadDevice() {
     Detach();
-    if (unacked_) ibv_ack_cq_events(cq_.get(), unacked_);
+    for (auto& slot : cqs_) {
+      if (slot->unacked) ibv_ack_cq_events(slot->cq.get(), slot->unacked);
+    }
   }
 
   // Stops waiting on the completion fd; for when the io_context goes away first.
@@ -143,7 +164,27 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   }
 
   ibv_pd* pd() const { return pd_.get(); }
-  ibv_cq* cq() const { return cq_.get(); }
+  ibv_srq* srq() const { return srq_.get(); }
+
+  // A CQ with room for one more connection whose send queue holds `send_depth` requests.
+  Expected<CqSlot*> AcquireCq(uint32_t send_depth) {
+    const unsigned per_cq = std::max<unsigned>(1, (cqe_ - srq_depth_) / send_depth);
+    for (auto& slot : cqs_) {
+      if (slot->conns < per_cq) {
+        ++slot->conns;
+        return slot.get();
+      }
+    }
+    auto slot = std::make_unique<CqSlot>();
+    slot->cq.reset(ibv_create_cq(verbs_, cqe_, nullptr, channel_.get(), 0));
+    if (!slot->cq) return Error{Errno("ibv_create_cq")};
+    if (ibv_req_notify_cq(slot->cq.get(), 0)) return Error{Errno("ibv_req_notify_cq")};
+    slot->conns = 1;
+    cqs_.push_back(std::move(slot));
+    return cqs_.back().get();
+  }
+  void ReleaseCq(CqSlot* slot) { --slot->conns; }
+
   void Register(uint32_t qp_num, std::weak_ptr<RdmaConnection> c) { by_qp_[qp_num] = std::move(c); }
   void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
 
@@ -158,10 +199,15 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     if (!pd_) return Errno("ibv_alloc_pd");
     channel_.reset(ibv_create_comp_channel(verbs_));
     if (!channel_) return Errno("ibv_create_comp_channel");
-    const int cqe = std::min(attr.max_cqe, 65535);
-    cq_.reset(ibv_create_cq(verbs_, cqe, nullptr, channel_.get(), 0));
-    if (!cq_) return Errno("ibv_create_cq");
-    if (ibv_req_notify_cq(cq_.get(), 0)) return Errno("ibv_req_notify_cq");
+    cqe_ = static_cast<uint32_t>(std::min(attr.max_cqe, 65535));
+    srq_depth_ = std::min<uint32_t>({kSrqDepth, static_cast<uint32_t>(attr.max_srq_wr), cqe_ / 2});
+    if (srq_depth_ == 0) return "the RDMA device supports no shared receive queue";
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = srq_depth_;
+    sa.attr.max_sge = 1;
+    srq_.reset(ibv_create_srq(pd_.get(), &sa));
+    if (!srq_) return Errno("ibv_create_srq");
+    if (!PostReceives(srq_depth_)) return Errno("ibv_post_srq_recv");
     if (!SetNonBlocking(channel_->fd)) return Errno("fcntl");
     boost::system::error_code ec;
     fd_.assign(channel_->fd, ec);
@@ -169,12 +215,31 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     return "";
   }
 
+  // Posts `n` zero-length receives (RDMA_WRITE_WITH_IMM needs a receive but no buffer) in
+  // chains of up to 64, one doorbell each.
+  bool PostReceives(uint32_t n) {
+    ibv_recv_wr wrs[64];
+    while (n > 0) {
+      const uint32_t k = std::min<uint32_t>(n, 64);
+      for (uint32_t i = 0; i < k; ++i) {
+        wrs[i] = ibv_recv_wr{};
+        wrs[i].wr_id = kRecvWrId;
+        wrs[i].num_sge = 0;
+        wrs[i].next = i + 1 < k ? &wrs[i + 1] : nullptr;
+      }
+      ibv_recv_wr* bad = nullptr;
+      if (ibv_post_srq_recv(srq_.get(), wrs, &bad)) return false;
+      n -= k;
+    }
+    return true;
+  }
+
   void Arm() {
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
     if (busy_poll_) {
       asio::post(ex_, [weak] {
         if (auto self = weak.lock()) {
-          self->Poll();
+          for (auto& slot : self->cqs_) self->Poll(slot->cq.get());
           self->Arm();
         }
       });
@@ -188,28 +253,39 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
                      ibv_cq* cq;
                      void* ctx;
                      while (ibv_get_cq_event(self->channel_.get(), &cq, &ctx) == 0) {
-                       // Acknowledge in batches: each ack takes a mutex inside libibverbs.
-                       if (++self->unacked_ >= 64) {
-                         ibv_ack_cq_events(self->cq_.get(), self->unacked_);
-                         self->unacked_ = 0;
+                       for (auto& slot : self->cqs_) {
+                         if (slot->cq.get() != cq) continue;
+                         slot->evented = true;
+                         // Acknowledge in batches: each ack takes a mutex inside libibverbs.
+                         if (++slot->unacked >= 64) {
+                           ibv_ack_cq_events(cq, slot->unacked);
+                           slot->unacked = 0;
+                         }
                        }
                      }
-                     ibv_req_notify_cq(self->cq_.get(), 0);
-                     self->Poll();
+                     for (auto& slot : self->cqs_) {
+                       if (!slot->evented) continue;
+                       slot->evented = false;
+                       // Re-arm before polling, so a completion landing in between raises an event.
+                       ibv_req_notify_cq(slot->cq.get(), 0);
+                       self->Poll(slot->cq.get());
+                     }
                      self->Arm();
                    });
   }
 
-  void Poll();
+  void Poll(ibv_cq* cq);
 
   Executor ex_;
   ibv_context* verbs_;
+  // Declaration order is destruction order reversed: CQs and SRQ before the channel and the PD.
   Pd pd_;
   CompChannel channel_;
-  Cq cq_;
+  Srq srq_;
+  std::vector<std::unique_ptr<CqSlot>> cqs_;
+  uint32_t cqe_ = 0, srq_depth_ = 0;
   asio::posix::stream_descriptor fd_;
   bool busy_poll_;
-  unsigned unacked_ = 0;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> by_qp_;
 };
 
@@ -229,6 +305,7 @@ class RdmaConnection final : public Connection,
     if (event_fd_.is_open()) event_fd_.release();  // rdma_destroy_event_channel closes it
     id_.reset();
     events_.reset();
+    if (cq_slot_) dev_->ReleaseCq(cq_slot_);
   }
 
   // Takes ownership of `id` and its event channel, whose events NextEvent then waits for.
@@ -258,15 +335,17 @@ class RdmaConnection final : public Connection,
     if (!recv_mr_) return Errno("ibv_reg_mr (receive ring)");
     send_mr_.reset(ibv_reg_mr(dev_->pd(), send_buf_.get(), kRingBytes, IBV_ACCESS_LOCAL_WRITE));
     if (!send_mr_) return Errno("ibv_reg_mr (send buffer)");
+    auto slot = dev_->AcquireCq(kSendDepth);
+    if (!slot.ok()) return slot.error().message;
+    cq_slot_ = slot.value();
     ibv_qp_init_attr qa{};
-    qa.send_cq = dev_->cq();
-    qa.recv_cq = dev_->cq();
+    qa.send_cq = cq_slot_->cq.get();
+    qa.recv_cq = cq_slot_->cq.get();
+    qa.srq = dev_->srq();
     qa.qp_type = IBV_QPT_RC;
     qa.sq_sig_all = 0;
     qa.cap.max_send_wr = kSendDepth;
-    qa.cap.max_recv_wr = kRecvDepth;
     qa.cap.max_send_sge = 1;
-    qa.cap.max_recv_sge = 1;
     qa.cap.max_inline_data = 64;
     if (rdma_create_qp(id_.get(), dev_->pd(), &qa)) {
       qa.cap.max_inline_data = 0;  // some devices grant no inline data at all
@@ -276,9 +355,6 @@ class RdmaConnection final : public Connection,
     send_depth_ = qa.cap.max_send_wr;
     qp_num_ = id_->qp->qp_num;
     dev_->Register(qp_num_, weak_from_this());
-    for (uint32_t i = 0; i < kRecvDepth; ++i) {
-      if (!PostRecv()) return Errno("ibv_post_recv");
-    }
     return "";
   }
 
@@ -386,33 +462,26 @@ class RdmaConnection final : public Connection,
       CloseWith(std::string("RDMA work completion failed: ") + ibv_wc_status_str(wc.status));
       return;
     }
-    switch (wc.opcode) {
-      case IBV_WC_RECV_RDMA_WITH_IMM:
-      case IBV_WC_RECV: {
-        if (!PostRecv()) {
-          CloseWith(Errno("ibv_post_recv"));
-          return;
-        }
-        if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
-          CloseWith("protocol error: receive without immediate data");
-          return;
-        }
-        const uint32_t imm = be32toh(wc.imm_data);
-        if (imm & kImmCreditBit) {
-          if (!send_ring_.OnCredit(uint64_t(imm & kImmMask) * kRecordAlignBytes)) {
-            CloseWith("protocol error: peer returned more credit than was used");
-            return;
-          }
-          SendPending();
-        } else {
-          OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
-        }
-        break;
+    if (wc.wr_id != kRecvWrId) {
+      // A signaled send: it and everything before it has left the send queue.
+      send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
+      SendPending();
+      return;
+    }
+    // A receive (ThreadDevice::Poll reposts its SRQ request).
+    if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
+      CloseWith("protocol error: receive without immediate data");
+      return;
+    }
+    const uint32_t imm = be32toh(wc.imm_data);
+    if (imm & kImmCreditBit) {
+      if (!send_ring_.OnCredit(uint64_t(imm & kImmMask) * kRecordAlignBytes)) {
+        CloseWith("protocol error: peer returned more credit than was used");
+        return;
       }
-      default:  // a signaled send: it and everything before it has left the send queue
-        send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
-        SendPending();
-        break;
+      SendPending();
+    } else {
+      OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
     }
   }
 
@@ -421,12 +490,6 @@ class RdmaConnection final : public Connection,
     uint32_t v = htole32(total);
     std::memcpy(rec, &v, 4);
     std::memset(rec + 4, 0, 4);
-  }
-
-  bool PostRecv() {
-    ibv_recv_wr wr{}, *bad = nullptr;
-    wr.num_sge = 0;  // RDMA_WRITE_WITH_IMM needs a receive but no buffer
-    return ibv_post_recv(id_->qp, &wr, &bad) == 0;
   }
 
   bool CanPost() const { return send_unretired_ + 2 < send_depth_; }
@@ -553,6 +616,7 @@ class RdmaConnection final : public Connection,
   EventChannel events_;
   asio::posix::stream_descriptor event_fd_;
   CmId id_;
+  ThreadDevice::CqSlot* cq_slot_ = nullptr;  // owned by dev_
   uint32_t qp_num_ = 0;
   uint32_t max_inline_ = 0;
   uint32_t send_depth_ = kSendDepth;
@@ -569,15 +633,21 @@ class RdmaConnection final : public Connection,
   std::vector<ibv_wc> early_;  // completions that arrived before Start
 };
 
-void ThreadDevice::Poll() {
+void ThreadDevice::Poll(ibv_cq* cq) {
   ibv_wc wcs[32];
   for (;;) {
-    int n = ibv_poll_cq(cq_.get(), 32, wcs);
+    int n = ibv_poll_cq(cq, 32, wcs);
     if (n <= 0) return;
+    uint32_t receives = 0;
     for (int i = 0; i < n; ++i) {
+      // Every receive completion, even of a closed connection or with an error, used one SRQ WR.
+      if (wcs[i].wr_id == kRecvWrId) ++receives;
       auto it = by_qp_.find(wcs[i].qp_num);
       if (it == by_qp_.end()) continue;
       if (auto c = it->second.lock()) c->OnCompletion(wcs[i]);
+    }
+    if (receives && !PostReceives(receives)) {
+      spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
     }
   }
 }

@@ -17,6 +17,9 @@ struct CqDeleter {
 struct CompChannelDeleter {
   void operator()(ibv_comp_channel* p) const { ibv_destroy_comp_channel(p); }
 };
+struct SrqDeleter {
+  void operator()(ibv_srq* p) const { ibv_destroy_srq(p); }
+};
 struct MrDeleter {
   void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
 };
@@ -36,6 +39,7 @@ struct CmEventAcker {
 using Pd = std::unique_ptr<ibv_pd, PdDeleter>;
 using Cq = std::unique_ptr<ibv_cq, CqDeleter>;
 using CompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
+using Srq = std::unique_ptr<ibv_srq, SrqDeleter>;
 using Mr = std::unique_ptr<ibv_mr, MrDeleter>;
 using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
