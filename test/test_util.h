@@ -25,15 +25,13 @@ namespace rdmarpc::testing {
 // Soft-RoCE VM suite, tools/vm/).
 inline std::vector<std::string> ListenUris() {
   std::vector<std::string> uris = {"tcp://127.0.0.1:0"};
-  if (const char *host = std::getenv("RDMARPC_TEST_RDMA_HOST"); host && *host) {
+  if (const char* host = std::getenv("RDMARPC_TEST_RDMA_HOST"); host && *host) {
     uris.push_back(std::string("rdma://") + host + ":0");
   }
-  if (const char *only = std::getenv("RDMARPC_TEST_ONLY_SCHEME");
-      only && *only) {
+  if (const char* only = std::getenv("RDMARPC_TEST_ONLY_SCHEME"); only && *only) {
     std::vector<std::string> keep;
-    for (auto &u : uris) {
-      if (u.rfind(std::string(only) + "://", 0) == 0)
-        keep.push_back(u);
+    for (auto& u : uris) {
+      if (u.rfind(std::string(only) + "://", 0) == 0) keep.push_back(u);
     }
     uris = keep;
   }
@@ -41,40 +39,36 @@ inline std::vector<std::string> ListenUris() {
 }
 
 class TestServiceImpl final : public TestService::Service {
-public:
-  boost::asio::awaitable<Status>
-  Echo(ServerContext &ctx, const EchoRequest &req, EchoReply &reply) override {
+ public:
+  boost::asio::awaitable<Status> Echo(ServerContext& ctx, const EchoRequest& req,
+                                      EchoReply& reply) override {
     reply.set_payload(req.payload());
     reply.set_seq(req.seq());
-    if (const std::string *m = ctx.FindMetadata("echo-meta"))
-      reply.set_meta(*m);
+    if (const std::string* m = ctx.FindMetadata("echo-meta")) reply.set_meta(*m);
     reply.set_budget_ms(
         ctx.has_deadline()
-            ? std::chrono::duration_cast<std::chrono::milliseconds>(
-                  ctx.remaining())
-                  .count()
+            ? std::chrono::duration_cast<std::chrono::milliseconds>(ctx.remaining()).count()
             : -1);
     co_return Status();
   }
-  boost::asio::awaitable<Status> Fail(ServerContext &, const FailRequest &req,
-                                      google::protobuf::Empty &) override {
+  boost::asio::awaitable<Status> Fail(ServerContext&, const FailRequest& req,
+                                      google::protobuf::Empty&) override {
     co_return Status(static_cast<StatusCode>(req.code()), req.message());
   }
-  boost::asio::awaitable<Status> Throw(ServerContext &,
-                                       const google::protobuf::Empty &,
-                                       google::protobuf::Empty &) override {
+  boost::asio::awaitable<Status> Throw(ServerContext&, const google::protobuf::Empty&,
+                                       google::protobuf::Empty&) override {
     throw std::runtime_error("boom");
     co_return Status();
   }
-  boost::asio::awaitable<Status> Sleep(ServerContext &, const SleepRequest &req,
-                                       google::protobuf::Empty &) override {
+  boost::asio::awaitable<Status> Sleep(ServerContext&, const SleepRequest& req,
+                                       google::protobuf::Empty&) override {
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
                                 std::chrono::milliseconds(req.ms()));
     co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
     co_return Status();
   }
-  boost::asio::awaitable<Status> Block(ServerContext &, const SleepRequest &req,
-                                       google::protobuf::Empty &) override {
+  boost::asio::awaitable<Status> Block(ServerContext&, const SleepRequest& req,
+                                       google::protobuf::Empty&) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms()));
     co_return Status();
   }
@@ -82,14 +76,11 @@ public:
 
 // A server with TestService on one address, started on construction.
 struct TestServer {
-  explicit TestServer(const std::string &listen_uri,
-                      ServerOptions options = {.io_threads = 2})
+  explicit TestServer(const std::string& listen_uri, ServerOptions options = {.io_threads = 2})
       : server(options) {
-    if (!server.AddService(service).ok())
-      throw std::runtime_error("AddService failed");
+    if (!server.AddService(service).ok()) throw std::runtime_error("AddService failed");
     auto bound = server.Listen(listen_uri);
-    if (!bound.ok())
-      throw std::runtime_error("Listen failed: " + bound.status().ToString());
+    if (!bound.ok()) throw std::runtime_error("Listen failed: " + bound.status().ToString());
     uri = *bound;
     server.Start();
   }
@@ -113,22 +104,21 @@ inline std::string Pattern(size_t n, uint64_t seed) {
 }
 
 // Connects or throws (for tests where a failed connect is not the subject).
-inline boost::asio::awaitable<std::shared_ptr<Channel>>
-MustConnect(std::string uri, ChannelOptions o = {}) {
+inline boost::asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string uri,
+                                                                    ChannelOptions o = {}) {
   auto ch = co_await Channel::Connect(uri, o);
-  if (!ch.ok())
-    throw std::runtime_error("connect failed: " + ch.status().ToString());
+  if (!ch.ok()) throw std::runtime_error("connect failed: " + ch.status().ToString());
   co_return *ch;
 }
 
 // Runs `work` to completion on a fresh single-threaded io_context in this
 // thread.
-template <class T> T RunLoop(boost::asio::awaitable<T> work) {
+template <class T>
+T RunLoop(boost::asio::awaitable<T> work) {
   boost::asio::io_context ioc(1);
-  auto fut =
-      boost::asio::co_spawn(ioc, std::move(work), boost::asio::use_future);
+  auto fut = boost::asio::co_spawn(ioc, std::move(work), boost::asio::use_future);
   ioc.run();
   return fut.get();
 }
 
-} // namespace rdmarpc::testing
+}  // namespace rdmarpc::testing

@@ -3,13 +3,6 @@
 // them over rdma://). They target what a ring-buffer transport can get wrong:
 // wrap-around, credits under a slow receiver, messages far larger than the
 // ring, many connections (many QPs sharing CQs), and peers that die mid-call.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <boost/asio/detached.hpp>
 #include <catch2/catch.hpp>
@@ -17,9 +10,9 @@
 #include <filesystem>
 
 #include "proto/echo.rdmarpc.pb.h"
+#include "test/process_util.h"
 #include "test/test_util.h"
 
-extern char **environ;
 
 namespace asio = boost::asio;
 using namespace rdmarpc;
@@ -29,104 +22,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A binary from this test's runfiles (the working directory under `bazel test`,
-// and in the VM).
-std::string Runfile(const std::string &rel) {
-  if (std::filesystem::exists(rel))
-    return rel;
-  if (const char *dir = std::getenv("TEST_SRCDIR")) {
-    for (auto &e : std::filesystem::directory_iterator(dir)) {
-      auto p = e.path() / rel;
-      if (std::filesystem::exists(p))
-        return p.string();
-    }
-  }
-  throw std::runtime_error("runfile not found: " + rel);
-}
-
-// A child process whose stdout we read line by line; killed (SIGKILL) if still
-// running at the end.
-class Child {
-public:
-  explicit Child(const std::vector<std::string> &args) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
-      throw std::runtime_error("pipe failed");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    std::vector<char *> argv;
-    for (auto &a : args)
-      argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    int err = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    out_ = fds[0];
-    if (err != 0)
-      throw std::runtime_error("cannot start " + args[0]);
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    close(out_);
-  }
-
-  // The next line of output, or "" at end of output or after `timeout`.
-  std::string ReadLine(std::chrono::milliseconds timeout) {
-    const auto until = Clock::now() + timeout;
-    for (;;) {
-      if (auto nl = buf_.find('\n'); nl != std::string::npos) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return line;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - Clock::now());
-      if (left.count() <= 0)
-        return "";
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        continue;
-      char tmp[512];
-      ssize_t n = read(out_, tmp, sizeof tmp);
-      if (n <= 0)
-        return "";
-      buf_.append(tmp, n);
-    }
-  }
-
-  void Kill() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  bool running() const {
-    return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
-  }
-
-private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string buf_;
-};
-
 // Starts examples/echo/echo_server on `listen` and returns it with the address
 // it bound.
-std::pair<std::unique_ptr<Child>, std::string>
-StartEchoServer(const std::string &listen) {
-  auto child = std::make_unique<Child>(
-      std::vector<std::string>{Runfile("examples/echo/echo_server"), "--listen",
-                               listen, "--threads", "1"});
+std::pair<std::unique_ptr<Child>, std::string> StartEchoServer(const std::string& listen) {
+  auto child = std::make_unique<Child>(std::vector<std::string>{
+      Runfile("examples/echo/echo_server"), "--listen", listen, "--threads", "1"});
   const std::string prefix = "listening on ";
-  for (;;) { // log lines may come first
+  for (;;) {  // log lines may come first
     std::string line = child->ReadLine(20s);
-    if (line.empty())
-      throw std::runtime_error("echo_server did not start");
-    if (line.rfind(prefix, 0) == 0)
-      return {std::move(child), line.substr(prefix.size())};
+    if (line.empty()) throw std::runtime_error("echo_server did not start");
+    if (line.rfind(prefix, 0) == 0) return {std::move(child), line.substr(prefix.size())};
   }
 }
 
@@ -136,19 +41,16 @@ asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) {
   asio::steady_timer t(co_await asio::this_coro::executor);
   const auto until = Clock::now() + limit;
   while (!done()) {
-    if (Clock::now() > until)
-      co_return false;
+    if (Clock::now() > until) co_return false;
     t.expires_after(5ms);
     co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
   }
   co_return true;
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE(
-    "the receive ring wraps around many times and every byte arrives intact",
-    "[stress]") {
+TEST_CASE("the receive ring wraps around many times and every byte arrives intact", "[stress]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   // 8 callers x 300 calls of 1 B .. 64 KiB (odd sizes, so records also end
@@ -167,14 +69,11 @@ TEST_CASE(
             TestService::Stub stub(ch);
             EchoRequest req;
             for (int i = 0; i < kCalls; ++i) {
-              const size_t n =
-                  1 + (size_t(i) * 7919 + size_t(w) * 104729) % 65536;
+              const size_t n = 1 + (size_t(i) * 7919 + size_t(w) * 104729) % 65536;
               req.set_seq(uint64_t(w) << 32 | i);
               req.set_payload(Pattern(n, req.seq()));
               auto r = co_await stub.Echo(req);
-              if (r.ok() && r->seq() == req.seq() &&
-                  r->payload() == req.payload())
-                ++good;
+              if (r.ok() && r->seq() == req.seq() && r->payload() == req.payload()) ++good;
               bytes += n;
             }
             ++done;
@@ -188,16 +87,16 @@ TEST_CASE(
   REQUIRE(good == kWorkers * kCalls);
 }
 
-TEST_CASE("a slow receiver exhausts the sender's credits; calls complete once "
-          "it catches up",
-          "[stress]") {
+TEST_CASE(
+    "a slow receiver exhausts the sender's credits; calls complete once "
+    "it catches up",
+    "[stress]") {
   auto listen = GENERATE(from_range(ListenUris()));
   // One I/O thread: while its Block handler runs, the server reads nothing from
   // any connection.
   TestServer ts(listen, ServerOptions{.io_threads = 1});
   constexpr int kCalls = 1000;
-  constexpr size_t kBytes =
-      8192; // 1,000 x 8 KiB = 8 MiB queued against a 1 MiB ring
+  constexpr size_t kBytes = 8192;  // 1,000 x 8 KiB = 8 MiB queued against a 1 MiB ring
   std::atomic<int> good{0}, done{0};
   bool blocked_ok = false;
   RunLoop([&]() -> asio::awaitable<void> {
@@ -215,8 +114,7 @@ TEST_CASE("a slow receiver exhausts the sender's credits; calls complete once "
           block_done = true;
         },
         asio::detached);
-    asio::steady_timer t(
-        ex, 200ms); // let Block reach the server and stall its thread
+    asio::steady_timer t(ex, 200ms);  // let Block reach the server and stall its thread
     co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
     for (int i = 0; i < kCalls; ++i) {
       asio::co_spawn(
@@ -228,9 +126,7 @@ TEST_CASE("a slow receiver exhausts the sender's credits; calls complete once "
             CallOptions o;
             o.timeout = 60s;
             auto r = co_await stub.Echo(req, o);
-            if (r.ok() && r->seq() == uint64_t(i) &&
-                r->payload() == req.payload())
-              ++good;
+            if (r.ok() && r->seq() == uint64_t(i) && r->payload() == req.payload()) ++good;
             ++done;
           },
           asio::detached);
@@ -272,8 +168,7 @@ TEST_CASE("100 connections to one server at once are all served", "[stress]") {
           [&, c]() -> asio::awaitable<void> {
             auto ch = co_await Channel::Connect(ts.uri);
             if (!ch.ok()) {
-              if (first_error.empty())
-                first_error = ch.status().ToString();
+              if (first_error.empty()) first_error = ch.status().ToString();
               ++refused;
               ++done;
               co_return;
@@ -281,8 +176,7 @@ TEST_CASE("100 connections to one server at once are all served", "[stress]") {
             ++connected;
             // Every connection stays open until all are: 100 at once, not 100
             // in turn.
-            co_await WaitUntil([&] { return connected + refused == kConns; },
-                               120s);
+            co_await WaitUntil([&] { return connected + refused == kConns; }, 120s);
             TestService::Stub stub(*ch);
             for (int i = 0; i < kCalls; ++i) {
               EchoRequest req;
@@ -307,9 +201,10 @@ TEST_CASE("100 connections to one server at once are all served", "[stress]") {
   REQUIRE(good == kConns * kCalls);
 }
 
-TEST_CASE("a server killed mid-call: the caller's calls fail with UNAVAILABLE "
-          "within a bound",
-          "[stress][failure]") {
+TEST_CASE(
+    "a server killed mid-call: the caller's calls fail with UNAVAILABLE "
+    "within a bound",
+    "[stress][failure]") {
   auto listen = GENERATE(from_range(ListenUris()));
   auto [server, uri] = StartEchoServer(listen);
   constexpr int kWorkers = 16;
@@ -328,8 +223,8 @@ TEST_CASE("a server killed mid-call: the caller's calls fail with UNAVAILABLE "
             demo::SayRequest req;
             req.set_message("are you there?");
             CallOptions o;
-            o.timeout = 60s; // far past the bound checked below: the failure
-                             // must not be a timeout
+            o.timeout = 60s;  // far past the bound checked below: the failure
+                              // must not be a timeout
             for (;;) {
               auto r = co_await stub.Say(req, o);
               if (!r.ok()) {
@@ -345,7 +240,7 @@ TEST_CASE("a server killed mid-call: the caller's calls fail with UNAVAILABLE "
     }
     co_await WaitUntil([&] { return ok_calls > 200; }, 60s);
     killed_at = Clock::now();
-    server->Kill(); // SIGKILL with calls in flight: no goodbye from the server
+    server->Kill();  // SIGKILL with calls in flight: no goodbye from the server
     co_await WaitUntil([&] { return finished == kWorkers; }, 60s);
     // A call made afterwards fails at once, also with UNAVAILABLE.
     demo::Echo::Stub stub(ch);
@@ -362,15 +257,13 @@ TEST_CASE("a server killed mid-call: the caller's calls fail with UNAVAILABLE "
   }
 }
 
-TEST_CASE("a client killed mid-call: the server keeps serving everyone else",
-          "[stress][failure]") {
+TEST_CASE("a client killed mid-call: the server keeps serving everyone else", "[stress][failure]") {
   auto listen = GENERATE(from_range(ListenUris()));
   auto [server, uri] = StartEchoServer(listen);
   {
-    Child client({Runfile("examples/echo/echo_client"), "--target", uri,
-                  "--count", "100000000", "--concurrency", "16",
-                  "--payload-bytes", "1000", "--quiet"});
-    std::this_thread::sleep_for(1500ms); // connected and busy
+    Child client({Runfile("examples/echo/echo_client"), "--target", uri, "--count", "100000000",
+                  "--concurrency", "16", "--payload-bytes", "1000", "--quiet"});
+    std::this_thread::sleep_for(1500ms);  // connected and busy
     REQUIRE(client.running());
     client.Kill();
   }
@@ -382,8 +275,7 @@ TEST_CASE("a client killed mid-call: the server keeps serving everyone else",
     demo::SayRequest req;
     req.set_message("still there #" + std::to_string(i));
     auto r = stub.Say(req);
-    if (r.ok() && r->message() == req.message())
-      ++good;
+    if (r.ok() && r->message() == req.message()) ++good;
   }
   CHECK(good == 100);
   CHECK(server->running());

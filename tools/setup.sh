@@ -10,6 +10,8 @@ PACKAGES=(
   libprotobuf-dev libprotoc-dev protobuf-compiler
   libspdlog-dev libfmt-dev
   catch2
+  # key-value sample: its persistent engine
+  librocksdb-dev
   # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools
   rdma-core ibverbs-providers libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   iproute2

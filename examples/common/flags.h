@@ -12,11 +12,20 @@ namespace rdmarpc::examples {
 class Flags {
  public:
   // `known` maps each flag name to whether it takes a value. Unknown flags and missing values
-  // are errors (see error()).
-  Flags(int argc, char** argv, const std::map<std::string, bool>& known) {
+  // are errors (see error()), and so are arguments that are not flags unless `positional` is
+  // set (then they are kept, in order, in positional(); "--" ends the flags).
+  Flags(int argc, char** argv, const std::map<std::string, bool>& known, bool positional = false) {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
+      if (positional && a == "--") {
+        for (++i; i < argc; ++i) positional_.push_back(argv[i]);
+        return;
+      }
       if (a.rfind("--", 0) != 0) {
+        if (positional) {
+          positional_.push_back(a);
+          continue;
+        }
         error_ = "unexpected argument '" + a + "'";
         return;
       }
@@ -44,6 +53,7 @@ class Flags {
   }
 
   const std::string& error() const { return error_; }
+  const std::vector<std::string>& positional() const { return positional_; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string get(const std::string& name, const std::string& fallback) const {
     auto it = values_.find(name);
@@ -69,6 +79,7 @@ class Flags {
 
  private:
   std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
   std::string error_;
 };
 

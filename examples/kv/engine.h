@@ -1,0 +1,69 @@
+// Storage engines behind the KV service: an in-memory map (default) and RocksDB (--data-dir).
+//
+// Threading: every method may be called from any I/O thread at once; engines synchronise
+// internally. Errors: I/O failures come back as a non-OK Status (INTERNAL), a compare-and-set
+// mismatch as ABORTED naming the current version.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rpc/status.h"
+
+namespace kv {
+
+struct Record {
+  std::string value;
+  uint64_t version = 0;
+};
+
+struct ScanEntry {
+  std::string key;
+  std::string value;
+  uint64_t version = 0;
+};
+
+struct ScanRange {
+  std::string start;  // inclusive; empty = from the beginning
+  std::string end;    // exclusive; empty = to the end
+  std::string after;  // if not empty: only keys > after (a continuation)
+  size_t limit = 1000;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual std::string name() const = 0;
+  // The record under `key`, or nullopt.
+  virtual rdmarpc::Result<std::optional<Record>> Get(std::string_view key) = 0;
+  // Writes `value`; with `expected`, only if the key's version equals it (0 = absent). Returns the
+  // new version.
+  virtual rdmarpc::Result<uint64_t> Put(std::string_view key, std::string_view value,
+                                        std::optional<uint64_t> expected) = 0;
+  // Removes `key`; with `expected`, only if its version equals it. Returns whether it existed.
+  virtual rdmarpc::Result<bool> Delete(std::string_view key, std::optional<uint64_t> expected) = 0;
+  // Entries in `range`, in bytewise key order; sets `more` when entries remain past the last.
+  virtual rdmarpc::Result<std::vector<ScanEntry>> Scan(const ScanRange& range, bool* more) = 0;
+  virtual uint64_t ApproximateKeys() = 0;
+  virtual uint64_t CurrentVersion() = 0;
+  // Makes every acknowledged write durable (called on shutdown).
+  virtual rdmarpc::Status Flush() = 0;
+};
+
+std::unique_ptr<Engine> NewMemoryEngine();
+
+// Opens (creating if needed) a RocksDB database in `dir`. With `sync`, every write is fsynced
+// before it is acknowledged (survives power loss); without, writes go to RocksDB's write-ahead
+// log in the OS page cache before they are acknowledged (survive the process being killed,
+// SIGKILL included, but not a machine crash).
+rdmarpc::Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync);
+
+// The ABORTED status of a failed compare-and-set.
+rdmarpc::Status VersionMismatch(std::optional<uint64_t> expected, uint64_t current);
+
+}  // namespace kv

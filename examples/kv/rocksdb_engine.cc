@@ -1,0 +1,189 @@
+// The RocksDB engine. Each value is stored as an 8-byte little-endian version followed by the
+// value's bytes; the version counter lives in a second column family ("meta") and is written in
+// the same WriteBatch as the data, so after any crash the two agree.
+//
+// Writes are serialised by one mutex: compare-and-set must read and write atomically, and the
+// counter must grow in write order. Reads take no lock.
+#include <endian.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "examples/kv/engine.h"
+
+namespace kv {
+namespace {
+
+using rdmarpc::Result;
+using rdmarpc::Status;
+using rdmarpc::StatusCode;
+
+constexpr char kVersionKey[] = "version";
+
+Status FromRocks(const rocksdb::Status& s, const char* what) {
+  return Status(StatusCode::kInternal, std::string("rocksdb ") + what + ": " + s.ToString());
+}
+
+std::string Encode(uint64_t version, std::string_view value) {
+  std::string out(8 + value.size(), '\0');
+  uint64_t v = htole64(version);
+  std::memcpy(out.data(), &v, 8);
+  std::memcpy(out.data() + 8, value.data(), value.size());
+  return out;
+}
+
+bool Decode(std::string_view stored, Record* r) {
+  if (stored.size() < 8) return false;
+  uint64_t v;
+  std::memcpy(&v, stored.data(), 8);
+  r->version = le64toh(v);
+  r->value.assign(stored.substr(8));
+  return true;
+}
+
+class RocksDbEngine final : public Engine {
+ public:
+  RocksDbEngine(bool sync) { write_.sync = sync; }
+
+  ~RocksDbEngine() override {
+    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
+    if (db_) db_->Close();
+  }
+
+  Status Open(const std::string& dir) {
+    rocksdb::Options options;
+    options.create_if_missing = true;
+    options.create_missing_column_families = true;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"meta", rocksdb::ColumnFamilyOptions()}};
+    rocksdb::DB* db = nullptr;
+    auto s = rocksdb::DB::Open(options, dir, cfs, &handles_, &db);
+    if (!s.ok()) return FromRocks(s, "open");
+    db_.reset(db);
+    std::string v;
+    s = db_->Get(rocksdb::ReadOptions(), meta(), kVersionKey, &v);
+    if (s.ok() && v.size() == 8) {
+      uint64_t x;
+      std::memcpy(&x, v.data(), 8);
+      version_ = le64toh(x);
+    } else if (!s.IsNotFound()) {
+      return FromRocks(s, "read the version counter");
+    }
+    return Status();
+  }
+
+  std::string name() const override { return "rocksdb"; }
+
+  Result<std::optional<Record>> Get(std::string_view key) override {
+    std::string stored;
+    auto s =
+        db_->Get(rocksdb::ReadOptions(), data(), rocksdb::Slice(key.data(), key.size()), &stored);
+    if (s.IsNotFound()) return std::optional<Record>();
+    if (!s.ok()) return FromRocks(s, "get");
+    Record r;
+    if (!Decode(stored, &r)) return Status(StatusCode::kDataLoss, "stored record is corrupt");
+    return std::optional<Record>(std::move(r));
+  }
+
+  Result<uint64_t> Put(std::string_view key, std::string_view value,
+                       std::optional<uint64_t> expected) override {
+    std::lock_guard lock(write_mu_);
+    if (expected) {
+      auto cur = Get(key);
+      if (!cur.ok()) return cur.status();
+      const uint64_t current = cur->has_value() ? (*cur)->version : 0;
+      if (*expected != current) return VersionMismatch(expected, current);
+    }
+    const uint64_t v = version_ + 1;
+    rocksdb::WriteBatch batch;
+    batch.Put(data(), rocksdb::Slice(key.data(), key.size()), Encode(v, value));
+    PutVersion(batch, v);
+    auto s = db_->Write(write_, &batch);
+    if (!s.ok()) return FromRocks(s, "write");
+    version_ = v;
+    return v;
+  }
+
+  Result<bool> Delete(std::string_view key, std::optional<uint64_t> expected) override {
+    std::lock_guard lock(write_mu_);
+    auto cur = Get(key);
+    if (!cur.ok()) return cur.status();
+    const uint64_t current = cur->has_value() ? (*cur)->version : 0;
+    if (expected && *expected != current) return VersionMismatch(expected, current);
+    if (!cur->has_value()) return false;
+    auto s = db_->Delete(write_, data(), rocksdb::Slice(key.data(), key.size()));
+    if (!s.ok()) return FromRocks(s, "delete");
+    return true;
+  }
+
+  Result<std::vector<ScanEntry>> Scan(const ScanRange& r, bool* more) override {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), data()));
+    const bool from_after = !r.after.empty() && r.after >= r.start;
+    it->Seek(from_after ? r.after : r.start);
+    if (from_after && it->Valid() && it->key() == rocksdb::Slice(r.after)) it->Next();
+    std::vector<ScanEntry> out;
+    *more = false;
+    for (; it->Valid(); it->Next()) {
+      std::string_view k(it->key().data(), it->key().size());
+      if (!r.end.empty() && k >= r.end) break;
+      if (out.size() == r.limit) {
+        *more = true;
+        break;
+      }
+      Record rec;
+      if (!Decode(std::string_view(it->value().data(), it->value().size()), &rec)) {
+        return Status(StatusCode::kDataLoss, "stored record is corrupt");
+      }
+      out.push_back({std::string(k), std::move(rec.value), rec.version});
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "scan");
+    return out;
+  }
+
+  uint64_t ApproximateKeys() override {
+    uint64_t n = 0;
+    db_->GetIntProperty(data(), "rocksdb.estimate-num-keys", &n);
+    return n;
+  }
+  uint64_t CurrentVersion() override {
+    std::lock_guard lock(write_mu_);
+    return version_;
+  }
+
+  Status Flush() override {
+    auto s = db_->FlushWAL(/*sync=*/true);
+    if (!s.ok()) return FromRocks(s, "flush the write-ahead log");
+    s = db_->Flush(rocksdb::FlushOptions(), handles_);
+    if (!s.ok()) return FromRocks(s, "flush");
+    return Status();
+  }
+
+ private:
+  rocksdb::ColumnFamilyHandle* data() const { return handles_[0]; }
+  rocksdb::ColumnFamilyHandle* meta() const { return handles_[1]; }
+
+  void PutVersion(rocksdb::WriteBatch& batch, uint64_t v) {
+    uint64_t le = htole64(v);
+    batch.Put(meta(), kVersionKey, rocksdb::Slice(reinterpret_cast<const char*>(&le), 8));
+  }
+
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::WriteOptions write_;
+  std::mutex write_mu_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync) {
+  auto e = std::make_unique<RocksDbEngine>(sync);
+  if (Status s = e->Open(dir); !s.ok()) return s;
+  return std::unique_ptr<Engine>(std::move(e));
+}
+
+}  // namespace kv

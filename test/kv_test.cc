@@ -1,0 +1,394 @@
+// The key-value sample (examples/kv): every method on both engines through the RPC layer,
+// durability across restarts of the real kv_server binary, sharding over three servers, and
+// compare-and-set under concurrent writers.
+#include <atomic>
+#include <boost/asio/detached.hpp>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "examples/kv/engine.h"
+#include "examples/kv/kv_client.h"
+#include "examples/kv/kv_service.h"
+#include "test/process_util.h"
+#include "test/test_util.h"
+
+namespace asio = boost::asio;
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A fresh folder under the test's temporary directory, removed at the end.
+struct TempDir {
+  TempDir() {
+    const char* base = std::getenv("TEST_TMPDIR");
+    std::string tmpl = std::string(base ? base : "/tmp") + "/kvtest.XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// A KV server in this process on one engine.
+struct KvServer {
+  KvServer(const std::string& engine_name, const std::string& listen = "tcp://127.0.0.1:0")
+      : server(ServerOptions{.io_threads = 2}) {
+    if (engine_name == "rocksdb") {
+      dir = std::make_unique<TempDir>();
+      auto e = kv::OpenRocksDbEngine(dir->path, false);
+      if (!e.ok()) throw std::runtime_error(e.status().ToString());
+      engine = std::move(*e);
+    } else {
+      engine = kv::NewMemoryEngine();
+    }
+    service = std::make_unique<kv::KvService>(*engine);
+    if (!server.AddService(*service).ok()) throw std::runtime_error("AddService failed");
+    auto bound = server.Listen(listen);
+    if (!bound.ok()) throw std::runtime_error(bound.status().ToString());
+    uri = *bound;
+    server.Start();
+  }
+  ~KvServer() { server.Shutdown(); }
+
+  std::unique_ptr<TempDir> dir;
+  std::unique_ptr<kv::Engine> engine;
+  std::unique_ptr<kv::KvService> service;
+  Server server;
+  std::string uri;
+};
+
+// Runs `body` with a client of `targets` on a fresh event loop.
+template <class F>
+void WithClient(std::vector<std::string> targets, F body) {
+  RunLoop([&]() -> asio::awaitable<void> {
+    auto c = co_await kv::ShardedClient::Connect(targets);
+    if (!c.ok()) throw std::runtime_error("connect: " + c.status().ToString());
+    co_await body(**c);
+  }());
+}
+
+std::string AllBytes() {
+  std::string s;
+  for (int i = 0; i < 256; ++i) s.push_back(static_cast<char>(i));
+  return s;
+}
+
+// Starts examples/kv/kv_server with `args` and returns it with the address it bound.
+std::pair<std::unique_ptr<Child>, std::string> StartKvServer(std::vector<std::string> args) {
+  args.insert(args.begin(), Runfile("examples/kv/kv_server"));
+  args.insert(args.end(), {"--listen", "tcp://127.0.0.1:0"});
+  auto child = std::make_unique<Child>(args);
+  for (;;) {
+    std::string line = child->ReadLine(20s);
+    if (line.empty()) throw std::runtime_error("kv_server did not start");
+    if (line.rfind("listening on ", 0) == 0) return {std::move(child), line.substr(13)};
+  }
+}
+
+std::string Key(int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "key/%06d", i);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("KV: Get, Put, Delete, MultiGet and Scan behave as documented", "[kv]") {
+  const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");
+  const std::string listen = GENERATE(from_range(ListenUris()));
+  INFO("engine: " << engine << ", listening on " << listen);
+  KvServer s(engine, listen);
+  WithClient({s.uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    // Missing keys.
+    auto miss = co_await c.Get("nope");
+    REQUIRE(miss.ok());
+    CHECK_FALSE(miss->found());
+    CHECK(miss->version() == 0);
+    auto del_miss = co_await c.Delete("nope");
+    REQUIRE(del_miss.ok());
+    CHECK_FALSE(del_miss->existed());
+
+    // Put and Get, an empty value, binary keys and values, 1 MiB.
+    auto v1 = co_await c.Put("a", "alpha");
+    REQUIRE(v1.ok());
+    CHECK(v1->version() > 0);
+    auto got = co_await c.Get("a");
+    REQUIRE(got.ok());
+    CHECK(got->found());
+    CHECK(got->value() == "alpha");
+    CHECK(got->version() == v1->version());
+
+    REQUIRE((co_await c.Put("empty", "")).ok());
+    auto empty = co_await c.Get("empty");
+    REQUIRE(empty.ok());
+    CHECK(empty->found());
+    CHECK(empty->value().empty());
+
+    const std::string bin_key = std::string("\0k\xff", 3), bin_value = AllBytes();
+    REQUIRE((co_await c.Put(bin_key, bin_value)).ok());
+    auto bin = co_await c.Get(bin_key);
+    REQUIRE(bin.ok());
+    CHECK(bin->value() == bin_value);
+    CHECK_FALSE((co_await c.Get(std::string("\0k", 2)))->found());  // a prefix is another key
+
+    const std::string big = Pattern(1 << 20, 7);
+    REQUIRE((co_await c.Put("big", big)).ok());
+    auto big_got = co_await c.Get("big");
+    REQUIRE(big_got.ok());
+    CHECK(big_got->value() == big);
+
+    // Compare-and-set.
+    auto create = co_await c.Put("cas", "v0", 0);  // 0 = only if absent
+    REQUIRE(create.ok());
+    auto again = co_await c.Put("cas", "other", 0);
+    REQUIRE_FALSE(again.ok());
+    CHECK(again.status().code() == StatusCode::kAborted);
+    auto stale = co_await c.Put("cas", "other", create->version() + 1000);
+    REQUIRE_FALSE(stale.ok());
+    CHECK(stale.status().code() == StatusCode::kAborted);
+    CHECK_THAT(stale.status().message(),
+               Catch::Contains("current " + std::to_string(create->version())));
+    auto next = co_await c.Put("cas", "v1", create->version());
+    REQUIRE(next.ok());
+    CHECK(next->version() > create->version());
+    CHECK((co_await c.Get("cas"))->value() == "v1");
+    auto bad_del = co_await c.Delete("cas", create->version());  // stale version
+    CHECK(bad_del.status().code() == StatusCode::kAborted);
+    CHECK((co_await c.Get("cas"))->found());
+    auto good_del = co_await c.Delete("cas", next->version());
+    REQUIRE(good_del.ok());
+    CHECK(good_del->existed());
+    // Written again after a delete, a key never gets an old version back.
+    auto reborn = co_await c.Put("cas", "v2");
+    REQUIRE(reborn.ok());
+    CHECK(reborn->version() > next->version());
+
+    // MultiGet keeps the request's order and reports missing keys.
+    // (A braced list inside co_await trips GCC 12: "array used as initializer".)
+    std::vector<std::string> wanted = {"big", "nope", "a", "empty"};
+    auto multi = co_await c.MultiGet(std::move(wanted));
+    REQUIRE(multi.ok());
+    REQUIRE(multi->size() == 4);
+    CHECK((*multi)[0].value() == big);
+    CHECK_FALSE((*multi)[1].found());
+    CHECK((*multi)[2].value() == "alpha");
+    CHECK((*multi)[3].found());
+
+    // Scan: a range, pages with continuations, an empty range.
+    for (int i = 0; i < 50; ++i) REQUIRE((co_await c.Put(Key(i), "v" + std::to_string(i))).ok());
+    kv::ScanRequest range;
+    range.set_start(Key(10));
+    range.set_end(Key(20));
+    auto ten = co_await c.Scan(range);
+    REQUIRE(ten.ok());
+    REQUIRE(ten->entries_size() == 10);
+    CHECK_FALSE(ten->more());
+    for (int i = 0; i < 10; ++i) {
+      CHECK(ten->entries(i).key() == Key(10 + i));
+      CHECK(ten->entries(i).value() == "v" + std::to_string(10 + i));
+    }
+    kv::ScanRequest paged;
+    paged.set_start("key/");
+    paged.set_end("key0");
+    paged.set_limit(7);
+    std::vector<std::string> seen;
+    for (;;) {
+      auto page = co_await c.Scan(paged);
+      REQUIRE(page.ok());
+      for (auto& e : page->entries()) seen.push_back(e.key());
+      if (!page->more()) break;
+      paged.set_after(page->continuation());
+    }
+    REQUIRE(seen.size() == 50);
+    for (int i = 0; i < 50; ++i) CHECK(seen[i] == Key(i));
+    kv::ScanRequest backwards;
+    backwards.set_start("z");
+    backwards.set_end("a");
+    auto empty_range = co_await c.Scan(backwards);
+    CHECK(empty_range.status().code() == StatusCode::kInvalidArgument);
+
+    auto info = co_await c.Info();
+    REQUIRE(info.ok());
+    CHECK((*info)[0].engine() == engine);
+  });
+}
+
+TEST_CASE("KV on RocksDB: every acknowledged Put survives SIGTERM and SIGKILL", "[kv]") {
+  TempDir dir;
+  const std::vector<std::string> args = {"--data-dir", dir.path, "--threads", "2"};
+  auto put_range = [](const std::string& uri, int from, int to) {
+    int acked = 0;
+    WithClient({uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+      for (int i = from; i < to; ++i) {
+        if ((co_await c.Put(Key(i), Pattern(100 + i % 900, i))).ok()) ++acked;
+      }
+    });
+    return acked;
+  };
+  auto count_intact = [](const std::string& uri, int to) {
+    int intact = 0;
+    WithClient({uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+      for (int i = 0; i < to; ++i) {
+        auto r = co_await c.Get(Key(i));
+        if (r.ok() && r->found() && r->value() == Pattern(100 + i % 900, i)) ++intact;
+      }
+    });
+    return intact;
+  };
+  {
+    auto [server, uri] = StartKvServer(args);
+    REQUIRE(put_range(uri, 0, 1000) == 1000);
+    CHECK(server->Stop(SIGTERM) == 0);  // drains, flushes, exits cleanly
+  }
+  {
+    auto [server, uri] = StartKvServer(args);
+    CHECK(count_intact(uri, 1000) == 1000);
+    REQUIRE(put_range(uri, 1000, 2000) == 1000);
+    server->Kill();  // SIGKILL right after the last acknowledgement: no flush
+  }
+  auto [server, uri] = StartKvServer(args);
+  CHECK(count_intact(uri, 2000) == 2000);
+}
+
+TEST_CASE("KV sharded over three servers: 10,000 keys readable, spread, scanned in order", "[kv]") {
+  const std::string listen = GENERATE(from_range(ListenUris()));
+  KvServer a("memory", listen), b("memory", listen), c3("memory", listen);
+  constexpr int kKeys = 10000;
+  WithClient({a.uri, b.uri, c3.uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    // Writes at 64 in flight.
+    std::atomic<int> next{0}, acked{0}, workers{64};
+    auto ex = co_await asio::this_coro::executor;
+    for (int w = 0; w < 64; ++w) {
+      asio::co_spawn(
+          ex,
+          [&]() -> asio::awaitable<void> {
+            for (int i = next++; i < kKeys; i = next++) {
+              if ((co_await c.Put(Key(i), "value " + std::to_string(i))).ok()) ++acked;
+            }
+            --workers;
+          },
+          asio::detached);
+    }
+    asio::steady_timer t(ex);
+    while (workers > 0) {
+      t.expires_after(5ms);
+      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    REQUIRE(acked == kKeys);
+
+    // Every key readable, one by one and in batches.
+    int readable = 0;
+    for (int i = 0; i < kKeys; ++i) {
+      auto r = co_await c.Get(Key(i));
+      readable += r.ok() && r->value() == "value " + std::to_string(i);
+    }
+    CHECK(readable == kKeys);
+    std::vector<std::string> batch;
+    for (int i = 0; i < 500; ++i) batch.push_back(Key(i * 20));
+    auto multi = co_await c.MultiGet(batch);
+    REQUIRE(multi.ok());
+    int batch_ok = 0;
+    for (int i = 0; i < 500; ++i)
+      batch_ok += (*multi)[i].value() == "value " + std::to_string(i * 20);
+    CHECK(batch_ok == 500);
+
+    // Spread: each server holds about a third.
+    auto info = co_await c.Info();
+    REQUIRE(info.ok());
+    uint64_t total = 0;
+    for (auto& in : *info) {
+      INFO("keys on one server: " << in.keys());
+      CHECK(in.keys() > kKeys * 0.2);
+      CHECK(in.keys() < kKeys * 0.47);
+      total += in.keys();
+    }
+    CHECK(total == kKeys);
+
+    // Scan merges the shards in key order, page by page.
+    kv::ScanRequest req;
+    req.set_limit(999);
+    std::vector<std::string> keys;
+    for (;;) {
+      auto page = co_await c.Scan(req);
+      REQUIRE(page.ok());
+      for (auto& e : page->entries()) keys.push_back(e.key());
+      if (!page->more()) break;
+      req.set_after(page->continuation());
+    }
+    REQUIRE(keys.size() == size_t(kKeys));
+    for (int i = 0; i < kKeys; ++i) {
+      if (keys[i] != Key(i)) FAIL("scan position " << i << " has " << keys[i]);
+    }
+  });
+}
+
+TEST_CASE("KV: concurrent compare-and-set increments lose no update", "[kv]") {
+  const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");
+  INFO("engine: " << engine);
+  KvServer s(engine);
+  constexpr int kThreads = 4, kIncrements = 100;
+  std::atomic<int> conflicts{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      WithClient({s.uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+        for (int i = 0; i < kIncrements; ++i) {
+          for (;;) {  // read, add one, write back only if nobody wrote in between
+            auto cur = co_await c.Get("counter");
+            if (!cur.ok()) {
+              ++errors;
+              co_return;
+            }
+            const int n = cur->found() ? std::stoi(cur->value()) : 0;
+            auto put = co_await c.Put("counter", std::to_string(n + 1), cur->version());
+            if (put.ok()) break;
+            if (put.status().code() != StatusCode::kAborted) {
+              ++errors;
+              co_return;
+            }
+            ++conflicts;
+          }
+        }
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors == 0);
+  INFO("conflicts retried: " << conflicts.load());
+  KvServer* sp = &s;
+  WithClient({sp->uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    auto r = co_await c.Get("counter");
+    REQUIRE(r.ok());
+    CHECK(r->value() == std::to_string(kThreads * kIncrements));
+  });
+}
+
+TEST_CASE("kv CLI: bad arguments print usage and exit 2; a missing key exits 4", "[kv]") {
+  const std::string kv_bin = Runfile("examples/kv/kv");
+  for (std::vector<std::string> args :
+       std::vector<std::vector<std::string>>{{},
+                                             {"frob"},
+                                             {"get"},
+                                             {"put", "only-key"},
+                                             {"scan", "--limit", "x"},
+                                             {"put", "k", "v", "--expect-version", "-1"}}) {
+    args.insert(args.begin(), kv_bin);
+    Child c(args);
+    INFO("args: " << args.size());
+    CHECK(c.Wait() == 2);
+  }
+  KvServer s("memory");
+  Child put({kv_bin, "--targets", s.uri, "put", "k", "v"});
+  CHECK(put.ReadLine(10s).rfind("ok (version ", 0) == 0);
+  CHECK(put.Wait() == 0);
+  Child get({kv_bin, "--targets", s.uri, "get", "k"});
+  CHECK(get.ReadLine(10s).rfind("v\t(version ", 0) == 0);
+  CHECK(get.Wait() == 0);
+  Child missing({kv_bin, "--targets", s.uri, "get", "absent"});
+  CHECK(missing.Wait() == 4);
+}

@@ -1,0 +1,106 @@
+// Child processes for tests: spawn a binary from the runfiles, read its stdout, kill it.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace rdmarpc::testing {
+
+// A binary from this test's runfiles (the working directory under `bazel test`,
+// and in the VM).
+std::string Runfile(const std::string& rel) {
+  if (std::filesystem::exists(rel)) return rel;
+  if (const char* dir = std::getenv("TEST_SRCDIR")) {
+    for (auto& e : std::filesystem::directory_iterator(dir)) {
+      auto p = e.path() / rel;
+      if (std::filesystem::exists(p)) return p.string();
+    }
+  }
+  throw std::runtime_error("runfile not found: " + rel);
+}
+
+// A child process whose stdout we read line by line; killed (SIGKILL) if still
+// running at the end.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    int err = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    out_ = fds[0];
+    if (err != 0) throw std::runtime_error("cannot start " + args[0]);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(out_);
+  }
+
+  // The next line of output, or "" at end of output or after `timeout`.
+  std::string ReadLine(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (auto nl = buf_.find('\n'); nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return "";
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char tmp[512];
+      ssize_t n = read(out_, tmp, sizeof tmp);
+      if (n <= 0) return "";
+      buf_.append(tmp, n);
+    }
+  }
+
+  void Kill() { Stop(SIGKILL); }
+
+  // Sends `sig` and waits for the exit; returns the exit code, or 128 + signal if it was killed.
+  int Stop(int sig) {
+    kill(pid_, sig);
+    return Wait();
+  }
+
+  // Waits for the exit; returns as Stop does.
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  bool running() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buf_;
+};
+
+}  // namespace rdmarpc::testing
