@@ -18,6 +18,11 @@ for s in "${suites[@]}"; do
   script+="; echo \"=== $name over rdma://\""
   script+="; XML_OUTPUT_FILE=$results/$name.xml TEST_TARGET=rdma_vm/$name timeout 500 $s --durations yes || rc=1"
 done
+# The core cases again with every I/O thread busy-polling its CQs instead of sleeping on the
+# completion channel (RDMARPC_BUSY_POLL=1 sets transport::Options::busy_poll's default).
+busy_name=rpc_integration_test_busy_poll
+script+="; echo \"=== rpc_integration_test [core] over rdma:// with busy-poll\""
+script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_name.xml TEST_TARGET=rdma_vm/$busy_name timeout 300 test/rpc_integration_test '[core]' --durations yes || rc=1"
 script+="; exit \$rc"
 
 start=$(date +%s)
@@ -30,8 +35,7 @@ if [ -n "${XML_OUTPUT_FILE:-}" ]; then
   {
     echo '<?xml version="1.0" encoding="UTF-8"?>'
     echo '<testsuites>'
-    for s in "${suites[@]}"; do
-      name=$(basename "$s")
+    for name in $(for s in "${suites[@]}"; do basename "$s"; done) "$busy_name"; do
       if [ -s "$results/$name.xml" ]; then
         sed -n '/<testsuite /,/<\/testsuite>/p' "$results/$name.xml"
       else

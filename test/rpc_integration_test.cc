@@ -9,13 +9,14 @@
 #include <thread>
 
 #include "test/test_util.h"
+#include "transport/rdma/rdma_transport.h"
 
 namespace asio = boost::asio;
 using namespace rdmarpc;
 using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
 
-TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc]") {
+TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc][core]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   const int kCalls = 10000;
@@ -34,7 +35,7 @@ TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc]") {
   REQUIRE(ok == kCalls);
 }
 
-TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rpc]") {
+TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rpc][core]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   const int kCalls = 1000;
@@ -63,7 +64,7 @@ TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rp
   REQUIRE(matched == kCalls);
 }
 
-TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc]") {
+TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc][core]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -80,7 +81,7 @@ TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc]") {
   }
 }
 
-TEST_CASE("8 clients on one server at once are all served", "[rpc]") {
+TEST_CASE("8 clients on one server at once are all served", "[rpc][core]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   std::atomic<int> good{0};
@@ -163,7 +164,7 @@ TEST_CASE("a throwing handler gives INTERNAL and the server keeps serving", "[rp
   CHECK(r->payload() == "still here");
 }
 
-TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadline]") {
+TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadline][core]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -324,5 +325,31 @@ TEST_CASE("a raw TCP peer sending garbage is dropped; other clients are still se
     auto r = stub.Echo(req);
     REQUIRE(r.ok());
     CHECK(r->payload() == "after attack");
+  }
+}
+
+TEST_CASE("rdma:// without an RDMA device fails at once with a clear message", "[rpc][rdma]") {
+  if (!transport::rdma::DeviceUnavailableReason().empty()) {
+    // This host has no RDMA device (ibv_get_device_list returns NULL or nothing).
+    Server server;
+    const auto start = std::chrono::steady_clock::now();
+    auto bound = server.Listen("rdma://127.0.0.1:0");
+    REQUIRE_FALSE(bound.ok());
+    CHECK(bound.status().code() == StatusCode::kUnavailable);
+    CHECK_THAT(bound.status().message(), Catch::Contains("no RDMA device"));
+    auto ch = Channel::ConnectBlocking("rdma://127.0.0.1:7471");
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kUnavailable);
+    CHECK_THAT(ch.status().message(), Catch::Contains("no RDMA device"));
+    CHECK(std::chrono::steady_clock::now() - start < 1s);
+  } else {
+    // Inside the Soft-RoCE VM: the same calls work.
+    const char* host = std::getenv("RDMARPC_TEST_RDMA_HOST");
+    REQUIRE(host != nullptr);
+    TestServer ts(std::string("rdma://") + host + ":0");
+    auto ch = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(ch.ok());
+    TestService::BlockingStub stub(*ch);
+    CHECK(stub.Echo(EchoRequest()).ok());
   }
 }

@@ -25,7 +25,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
-    "                   [--payload-bytes N] [--timeout-ms N] [--quiet] [--log-level LEVEL]\n"
+    "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--quiet]\n"
+    "                   [--log-level LEVEL]\n"
     "\n"
     "Calls demo.Echo/Say on a running echo_server and checks every reply.\n"
     "\n"
@@ -36,6 +37,8 @@ constexpr char kUsage[] =
     "  --payload-bytes N    extra payload bytes per request (default 0)\n"
     "  --timeout-ms N       per-call deadline (default 5000; 0 = none)\n"
     "  --connect-retry-ms N keep retrying the connection this long (default 0)\n"
+    "  --busy-poll          rdma: spin on the completion queue (lowest latency, one core busy;\n"
+    "                       also RDMARPC_BUSY_POLL=1)\n"
     "  --quiet              print only the summary\n"
     "  --log-level LEVEL    trace|debug|info|warn|error|off\n"
     "  --help               this text\n"
@@ -47,6 +50,7 @@ struct Config {
   std::string target, message;
   long count, concurrency, payload_bytes, timeout_ms, connect_retry_ms;
   bool quiet;
+  rdmarpc::ChannelOptions options;
 };
 
 struct Outcome {
@@ -90,12 +94,12 @@ boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, l
 boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(cfg.connect_retry_ms);
-  auto channel = co_await rdmarpc::Channel::Connect(cfg.target);
+  auto channel = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
   while (!channel.ok() && std::chrono::steady_clock::now() < deadline) {
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
                                 std::chrono::milliseconds(100));
     co_await t.async_wait(boost::asio::use_awaitable);
-    channel = co_await rdmarpc::Channel::Connect(cfg.target);
+    channel = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
   }
   if (!channel.ok()) {
     std::cerr << "echo_client: cannot connect to " << cfg.target << ": "
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
       argc, argv,
       {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
        {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
-       {"quiet", false}, {"log-level", true}, {"help", false}});
+       {"quiet", false}, {"busy-poll", false}, {"log-level", true}, {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   cfg.timeout_ms = flags.get_int("timeout-ms", 5000, 0, 86400000);
   cfg.connect_retry_ms = flags.get_int("connect-retry-ms", 0, 0, 600000);
   cfg.quiet = flags.has("quiet");
+  if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
   if (!flags.error().empty()) {
     std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;
     return 2;

@@ -13,13 +13,15 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: echo_server [--listen URI]... [--threads N] [--log-level LEVEL]\n"
+    "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--log-level LEVEL]\n"
     "\n"
     "Serves demo.Echo (proto/echo.proto) until SIGINT or SIGTERM, then drains in-flight calls.\n"
     "\n"
     "  --listen URI       address to serve on; repeatable (default tcp://127.0.0.1:7471).\n"
     "                     tcp://HOST:PORT or rdma://HOST:PORT; port 0 picks a free port.\n"
     "  --threads N        I/O threads (default 1)\n"
+    "  --busy-poll        rdma: spin on the completion queues (lowest latency; keeps one core\n"
+    "                     per I/O thread busy; also RDMARPC_BUSY_POLL=1)\n"
     "  --log-level LEVEL  trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or info)\n"
     "  --help             this text\n"
     "\n"
@@ -43,7 +45,7 @@ class EchoService final : public demo::Echo::Service {
 
 int main(int argc, char** argv) {
   rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"listen", true}, {"threads", true}, {"log-level", true},
+                                 {{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
                                   {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
@@ -62,8 +64,9 @@ int main(int argc, char** argv) {
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7471");
 
   EchoService service;
-  rdmarpc::Server server(
-      rdmarpc::ServerOptions{.io_threads = static_cast<int>(threads), .handle_signals = true});
+  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
+  if (flags.has("busy-poll")) options.transport.busy_poll = true;
+  rdmarpc::Server server(options);
   if (auto s = server.AddService(service); !s.ok()) {
     std::cerr << "echo_server: " << s.ToString() << "\n";
     return 1;

@@ -67,6 +67,8 @@ constexpr uint32_t kSendDepth = 256;
 // wr_id of every receive; sends carry small counts (see PostWrite), so the two never collide.
 // (A completion's opcode is undefined when its status is an error; wr_id is not.)
 constexpr uint64_t kRecvWrId = ~uint64_t(0);
+// Send staging buffers come from registered slabs of this many.
+constexpr uint32_t kSendBuffersPerSlab = 8;
 // Selective signaling: one signaled send per this many.
 constexpr uint32_t kSignalEvery = 32;
 constexpr int kResolveTimeoutMs = 2000;
@@ -185,6 +187,33 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   }
   void ReleaseCq(CqSlot* slot) { --slot->conns; }
 
+  // A connection's send staging buffer (kRingBytes), carved from slabs this thread registered
+  // once with local access only: connecting costs no registration for it, and the peer cannot
+  // touch it. Slabs are kept until the thread's device state goes; buffers are reused.
+  struct SendBuffer {
+    std::byte* data = nullptr;
+    uint32_t lkey = 0;
+  };
+  Expected<SendBuffer> AcquireSendBuffer() {
+    if (free_send_.empty()) {
+      Slab slab;
+      slab.mem = AllocAligned(size_t(kSendBuffersPerSlab) * kRingBytes);
+      if (!slab.mem) return Error{"out of memory for send buffers"};
+      slab.mr.reset(ibv_reg_mr(pd_.get(), slab.mem.get(), size_t(kSendBuffersPerSlab) * kRingBytes,
+                               IBV_ACCESS_LOCAL_WRITE));
+      if (!slab.mr) return Error{Errno("ibv_reg_mr (send slab)")};
+      for (uint32_t i = 0; i < kSendBuffersPerSlab; ++i) {
+        free_send_.push_back({slab.mem.get() + size_t(i) * kRingBytes, slab.mr->lkey});
+      }
+      slabs_.push_back(std::move(slab));
+    }
+    SendBuffer b = free_send_.back();
+    free_send_.pop_back();
+    return b;
+  }
+  // Only once the QP that used `b` is destroyed.
+  void ReleaseSendBuffer(SendBuffer b) { free_send_.push_back(b); }
+
   void Register(uint32_t qp_num, std::weak_ptr<RdmaConnection> c) { by_qp_[qp_num] = std::move(c); }
   void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
 
@@ -283,6 +312,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   CompChannel channel_;
   Srq srq_;
   std::vector<std::unique_ptr<CqSlot>> cqs_;
+  struct Slab {
+    AlignedBuffer mem;
+    Mr mr;  // declared after mem: deregistered before it is freed
+  };
+  std::vector<Slab> slabs_;
+  std::vector<SendBuffer> free_send_;
   uint32_t cqe_ = 0, srq_depth_ = 0;
   asio::posix::stream_descriptor fd_;
   bool busy_poll_;
@@ -303,9 +338,10 @@ class RdmaConnection final : public Connection,
   ~RdmaConnection() override {
     if (dev_ && qp_num_) dev_->Unregister(qp_num_);
     if (event_fd_.is_open()) event_fd_.release();  // rdma_destroy_event_channel closes it
-    id_.reset();
+    id_.reset();  // destroys the QP: nothing reads the send buffer any more
     events_.reset();
     if (cq_slot_) dev_->ReleaseCq(cq_slot_);
+    if (send_.data) dev_->ReleaseSendBuffer(send_);
   }
 
   // Takes ownership of `id` and its event channel, whose events NextEvent then waits for.
@@ -327,14 +363,14 @@ class RdmaConnection final : public Connection,
     if (!dev.ok()) return dev.error().message;
     dev_ = dev.value();
     recv_buf_ = AllocAligned(kRingBytes);
-    send_buf_ = AllocAligned(kRingBytes);
-    if (!recv_buf_ || !send_buf_) return "out of memory for rings";
+    if (!recv_buf_) return "out of memory for the receive ring";
+    auto send = dev_->AcquireSendBuffer();
+    if (!send.ok()) return send.error().message;
+    send_ = send.value();
     // The receive ring is the only memory the peer may touch, and only to write.
     recv_mr_.reset(ibv_reg_mr(dev_->pd(), recv_buf_.get(), kRingBytes,
                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
     if (!recv_mr_) return Errno("ibv_reg_mr (receive ring)");
-    send_mr_.reset(ibv_reg_mr(dev_->pd(), send_buf_.get(), kRingBytes, IBV_ACCESS_LOCAL_WRITE));
-    if (!send_mr_) return Errno("ibv_reg_mr (send buffer)");
     auto slot = dev_->AcquireCq(kSendDepth);
     if (!slot.ok()) return slot.error().message;
     cq_slot_ = slot.value();
@@ -431,7 +467,7 @@ class RdmaConnection final : public Connection,
     if (n > options_.max_message_bytes) return false;
     if (pending_.empty() && n + kRecordHeaderBytes <= send_ring_.max_record_bytes() && CanPost()) {
       if (auto at = send_ring_.Reserve(static_cast<uint32_t>(n + kRecordHeaderBytes))) {
-        std::byte* rec = send_buf_.get() + *at;
+        std::byte* rec = send_.data + *at;
         StoreRecordHeader(rec, static_cast<uint32_t>(n));
         message.WriteTo(rec + kRecordHeaderBytes);
         PostRecord(*at, static_cast<uint32_t>(n + kRecordHeaderBytes));
@@ -496,9 +532,9 @@ class RdmaConnection final : public Connection,
 
   bool PostWrite(uint32_t offset, uint32_t bytes, uint32_t imm) {
     ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(send_buf_.get()) + offset;
+    sge.addr = reinterpret_cast<uint64_t>(send_.data) + offset;
     sge.length = bytes;
-    sge.lkey = send_mr_->lkey;
+    sge.lkey = send_.lkey;
     ibv_send_wr wr{}, *bad = nullptr;
     wr.sg_list = bytes ? &sge : nullptr;
     wr.num_sge = bytes ? 1 : 0;
@@ -534,7 +570,7 @@ class RdmaConnection final : public Connection,
           std::min(m.size() - pending_sent_, size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
       auto at = send_ring_.Reserve(static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       if (!at) return;  // wait for credits
-      std::byte* rec = send_buf_.get() + *at;
+      std::byte* rec = send_.data + *at;
       StoreRecordHeader(rec, static_cast<uint32_t>(m.size()));
       if (chunk) std::memcpy(rec + kRecordHeaderBytes, m.data() + pending_sent_, chunk);
       PostRecord(*at, static_cast<uint32_t>(chunk + kRecordHeaderBytes));
@@ -611,8 +647,9 @@ class RdmaConnection final : public Connection,
   // Declaration order is destruction order reversed: the QP (in id_) goes before the CQ (dev_)
   // and the memory regions it uses.
   std::shared_ptr<ThreadDevice> dev_;
-  AlignedBuffer recv_buf_, send_buf_;
-  Mr recv_mr_, send_mr_;
+  AlignedBuffer recv_buf_;
+  Mr recv_mr_;
+  ThreadDevice::SendBuffer send_;  // from dev_'s slabs; returned in the destructor
   EventChannel events_;
   asio::posix::stream_descriptor event_fd_;
   CmId id_;
