@@ -10,6 +10,8 @@ PACKAGES=(
   libprotobuf-dev libprotoc-dev protobuf-compiler
   libspdlog-dev libfmt-dev
   catch2
+  # benchmarks (tools/bench): plots, instruction counts, the report
+  gnuplot-nox valgrind python3
   # key-value sample: its persistent engine
   librocksdb-dev
   # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools

@@ -1,0 +1,404 @@
+// rdmarpc_bench: a closed-loop load generator for rdmarpc, and the server it drives.
+//
+//   rdmarpc_bench --server --listen tcp://127.0.0.1:7490 [--threads N] [--busy-poll]
+//   rdmarpc_bench --target tcp://127.0.0.1:7490 [--connections C] [--depth D]
+//                 [--request-bytes N] [--response-bytes N] [--duration S | --calls N]
+//                 [--warmup S] [--threads T] [--busy-poll] [--json]
+//   rdmarpc_bench --target URI --idle-connections N     (memory per idle connection)
+//
+// Closed loop: each connection keeps `depth` calls outstanding; a call's latency runs from just
+// before the stub is called to the reply being decoded. Calls finished during the warm-up are
+// not counted.
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "examples/common/flags.h"
+#include "rpc/logging.h"
+#include "rpc/rdmarpc.h"
+#include "tools/bench/bench.rdmarpc.pb.h"
+#include "tools/bench/histogram.h"
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using rdmarpc::bench::Histogram;
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: rdmarpc_bench --server [--listen URI]... [--threads N] [--busy-poll]\n"
+    "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
+    "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
+    "                     [--threads T] [--busy-poll] [--json] [--quiet]\n"
+    "       rdmarpc_bench --target URI --idle-connections N\n"
+    "\n"
+    "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
+    "Client: closed loop, C connections x D calls outstanding each; reports calls/s, MB/s\n"
+    "(request + response payload bytes) and latency p50/p90/p99/p99.9/max.\n"
+    "\n"
+    "  --listen URI         server address; repeatable (default tcp://127.0.0.1:7490)\n"
+    "  --target URI         server to drive\n"
+    "  --connections C      connections (default 1)\n"
+    "  --depth D            calls outstanding per connection (default 1)\n"
+    "  --request-bytes N    request payload (default 64)\n"
+    "  --response-bytes N   response payload (default: same as the request)\n"
+    "  --duration S         measure for S seconds (default 5) ...\n"
+    "  --calls N            ... or until N calls after the warm-up\n"
+    "  --warmup S           seconds run but not counted first (default 1)\n"
+    "  --threads T          I/O threads (client: connections are spread over them; default 1)\n"
+    "  --busy-poll          rdma: spin on completion queues instead of sleeping\n"
+    "  --idle-connections N open N connections, make one call on each, then report the\n"
+    "                       client's and the server's resident memory before and after\n"
+    "  --json               one JSON object on stdout instead of text\n"
+    "  --quiet              no progress lines\n"
+    "Exit codes: 0 done, 1 calls failed or could not connect, 2 bad arguments.\n";
+
+uint64_t RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+class BenchService final : public rdmarpc::bench::Bench::Service {
+ public:
+  asio::awaitable<rdmarpc::Status> Call(rdmarpc::ServerContext&,
+                                        const rdmarpc::bench::CallRequest& req,
+                                        rdmarpc::bench::CallReply& reply) override {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    if (req.response_bytes() == req.payload().size()) {
+      reply.set_payload(req.payload());
+    } else {
+      reply.mutable_payload()->assign(req.response_bytes(), 'r');
+    }
+    co_return rdmarpc::Status();
+  }
+  asio::awaitable<rdmarpc::Status> Stats(rdmarpc::ServerContext&,
+                                         const rdmarpc::bench::StatsRequest&,
+                                         rdmarpc::bench::StatsReply& reply) override {
+    reply.set_rss_bytes(RssBytes());
+    reply.set_calls(calls_.load(std::memory_order_relaxed));
+    co_return rdmarpc::Status();
+  }
+
+ private:
+  std::atomic<uint64_t> calls_{0};
+};
+
+int RunServer(rdmarpc::examples::Flags& flags, long threads) {
+  BenchService service;
+  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
+  if (flags.has("busy-poll")) options.transport.busy_poll = true;
+  rdmarpc::Server server(options);
+  if (!server.AddService(service).ok()) return 1;
+  auto uris = flags.all("listen");
+  if (uris.empty()) uris.push_back("tcp://127.0.0.1:7490");
+  for (const auto& uri : uris) {
+    auto bound = server.Listen(uri);
+    if (!bound.ok()) {
+      std::cerr << "rdmarpc_bench: cannot listen on " << uri << ": " << bound.status().message()
+                << "\n";
+      return 1;
+    }
+    std::cout << "listening on " << *bound << std::endl;
+  }
+  server.Run();
+  return 0;
+}
+
+struct ClientConfig {
+  std::string target;
+  long connections, depth, request_bytes, response_bytes, threads;
+  double duration_s, warmup_s;
+  long calls;  // 0 = run for duration_s
+  bool json, quiet;
+  rdmarpc::ChannelOptions options;
+};
+
+// One I/O thread's share of the load.
+struct Worker {
+  asio::io_context ioc{1};
+  Histogram hist;
+  uint64_t counted = 0, failed = 0;
+  std::string error;
+  std::vector<std::shared_ptr<rdmarpc::Channel>> channels;
+};
+
+struct Shared {
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<uint64_t> counted{0};  // for --calls and the progress line
+  std::atomic<int> connect_failures{0};
+  std::atomic<int> connected{0};
+};
+
+asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
+                           std::shared_ptr<rdmarpc::Channel> ch) {
+  rdmarpc::bench::Bench::Stub stub(ch);
+  rdmarpc::bench::CallRequest req;
+  req.set_payload(std::string(static_cast<size_t>(cfg.request_bytes), 'q'));
+  req.set_response_bytes(static_cast<uint32_t>(cfg.response_bytes));
+  rdmarpc::bench::CallReply reply;
+  rdmarpc::CallOptions opts;
+  opts.timeout = std::chrono::seconds(30);
+  while (!shared.stop.load(std::memory_order_relaxed)) {
+    const auto t0 = Clock::now();
+    rdmarpc::Status s = co_await stub.Call(req, reply, opts);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+    if (!s.ok()) {
+      ++w.failed;
+      if (w.error.empty()) w.error = s.ToString();
+      if (s.code() == rdmarpc::StatusCode::kUnavailable) co_return;
+      continue;
+    }
+    if (reply.payload().size() != static_cast<size_t>(cfg.response_bytes)) {
+      ++w.failed;
+      if (w.error.empty()) w.error = "reply of the wrong size";
+    }
+    if (shared.measuring.load(std::memory_order_relaxed)) {
+      w.hist.Record(static_cast<uint64_t>(ns.count()));
+      ++w.counted;
+      const uint64_t n = shared.counted.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (cfg.calls > 0 && n >= static_cast<uint64_t>(cfg.calls)) shared.stop = true;
+    }
+  }
+}
+
+asio::awaitable<void> StartConnections(const ClientConfig& cfg, Shared& shared, Worker& w, long n,
+                                       bool loops) {
+  auto ex = co_await asio::this_coro::executor;
+  for (long c = 0; c < n; ++c) {
+    auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
+    if (!ch.ok()) {
+      if (w.error.empty()) w.error = "connect: " + ch.status().ToString();
+      ++shared.connect_failures;
+      continue;
+    }
+    ++shared.connected;
+    w.channels.push_back(*ch);
+    if (loops) {
+      for (long d = 0; d < cfg.depth; ++d) {
+        asio::co_spawn(ex, Loop(cfg, shared, w, *ch), asio::detached);
+      }
+    }
+  }
+}
+
+// Keeps an io_context running until `stop`, even when it has no work for a moment.
+asio::awaitable<void> KeepAlive(Shared& shared) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  while (!shared.stop) {
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+int RunIdle(const ClientConfig& cfg, long n) {
+  Shared shared;
+  Worker w;
+  auto guard = asio::make_work_guard(w.ioc);
+  std::thread loop([&] { w.ioc.run(); });
+  auto on_loop = [&](auto work) {
+    return asio::co_spawn(w.ioc, std::move(work), asio::use_future).get();
+  };
+  auto stats = [&](rdmarpc::bench::StatsReply& out) {
+    return on_loop([&]() -> asio::awaitable<bool> {
+      rdmarpc::bench::Bench::Stub stub(w.channels.front());
+      co_return (co_await stub.Stats(rdmarpc::bench::StatsRequest(), out)).ok();
+    });
+  };
+  auto finish = [&](int rc) {
+    asio::post(w.ioc, [&] { w.channels.clear(); });
+    guard.reset();
+    loop.join();
+    return rc;
+  };
+  // Baselines first, with one connection open: this process, and the server via Stats.
+  on_loop(StartConnections(cfg, shared, w, 1, false));
+  if (w.channels.empty()) {
+    std::cerr << "rdmarpc_bench: " << w.error << "\n";
+    return finish(1);
+  }
+  rdmarpc::bench::StatsReply before, after;
+  if (!stats(before)) return finish(1);
+  const uint64_t rss_before = RssBytes();
+  on_loop(StartConnections(cfg, shared, w, n, false));
+  // One call on each, so that every connection is fully set up on both sides.
+  const uint64_t failed = on_loop([&]() -> asio::awaitable<uint64_t> {
+    uint64_t bad = 0;
+    for (auto& ch : w.channels) {
+      rdmarpc::bench::Bench::Stub stub(ch);
+      rdmarpc::bench::CallRequest req;
+      if (!(co_await stub.Call(req)).ok()) ++bad;
+    }
+    co_return bad;
+  });
+  const uint64_t rss_after = RssBytes();
+  if (!stats(after)) return finish(1);
+  const long opened = static_cast<long>(w.channels.size()) - 1;
+  const double client_per = opened ? (double(rss_after) - double(rss_before)) / opened : 0;
+  const double server_per =
+      opened ? (double(after.rss_bytes()) - double(before.rss_bytes())) / opened : 0;
+  if (cfg.json) {
+    std::cout << "{\"target\":\"" << cfg.target << "\",\"idle_connections_asked\":" << n
+              << ",\"opened\":" << opened << ",\"failed_calls\":" << failed
+              << ",\"client_bytes_per_connection\":" << Fixed(client_per, 0)
+              << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0) << ",\"error\":\""
+              << w.error << "\"}" << std::endl;
+  } else {
+    std::cout << "idle connections: " << opened << " of " << n << " opened"
+              << (w.error.empty() ? "" : " (first error: " + w.error + ")") << "\n"
+              << "client RSS per connection: " << Fixed(client_per / 1024, 1) << " KiB\n"
+              << "server RSS per connection: " << Fixed(server_per / 1024, 1) << " KiB\n";
+  }
+  return finish(opened == n && failed == 0 ? 0 : 1);
+}
+
+int RunClient(const ClientConfig& cfg) {
+  Shared shared;
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (long t = 0; t < cfg.threads; ++t) workers.push_back(std::make_unique<Worker>());
+  for (long t = 0; t < cfg.threads; ++t) {
+    const long n = cfg.connections / cfg.threads + (t < cfg.connections % cfg.threads ? 1 : 0);
+    asio::co_spawn(workers[t]->ioc, StartConnections(cfg, shared, *workers[t], n, true),
+                   asio::detached);
+    asio::co_spawn(workers[t]->ioc, KeepAlive(shared), asio::detached);
+  }
+  std::vector<std::thread> threads;
+  for (auto& w : workers) threads.emplace_back([&w] { w->ioc.run(); });
+
+  // Warm up, then measure for the duration (or until --calls), printing progress each second.
+  const auto warm_until = Clock::now() + std::chrono::duration<double>(cfg.warmup_s);
+  while (Clock::now() < warm_until && shared.connect_failures == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  shared.measuring = true;
+  const auto start = Clock::now();
+  const auto until = start + std::chrono::duration<double>(cfg.duration_s);
+  auto next_progress = start + std::chrono::seconds(1);
+  uint64_t last = 0;
+  while (!shared.stop && shared.connect_failures == 0 && (cfg.calls > 0 || Clock::now() < until)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!cfg.quiet && Clock::now() >= next_progress) {
+      const uint64_t now_count = shared.counted.load();
+      std::fprintf(stderr, "rdmarpc_bench: %.0f s: %lu calls/s\n",
+                   std::chrono::duration<double>(Clock::now() - start).count(),
+                   static_cast<unsigned long>(now_count - last));
+      last = now_count;
+      next_progress += std::chrono::seconds(1);
+    }
+  }
+  shared.measuring = false;
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  shared.stop = true;
+  for (auto& w : workers) {
+    asio::post(w->ioc, [&w] { w->channels.clear(); });
+  }
+  for (auto& t : threads) t.join();
+
+  Histogram h;
+  uint64_t counted = 0, failed = 0;
+  std::string error;
+  for (auto& w : workers) {
+    h.Merge(w->hist);
+    counted += w->counted;
+    failed += w->failed;
+    if (error.empty()) error = w->error;
+  }
+  const double rate = counted / secs;
+  const double mbps = rate * double(cfg.request_bytes + cfg.response_bytes) / 1e6;
+  auto us = [&](double q) { return Fixed(h.Quantile(q) / 1000.0, 1); };
+  if (cfg.json) {
+    std::cout << "{\"target\":\"" << cfg.target << "\",\"connections\":" << cfg.connections
+              << ",\"depth\":" << cfg.depth << ",\"request_bytes\":" << cfg.request_bytes
+              << ",\"response_bytes\":" << cfg.response_bytes << ",\"threads\":" << cfg.threads
+              << ",\"seconds\":" << Fixed(secs, 3) << ",\"calls\":" << counted
+              << ",\"failed\":" << failed << ",\"calls_per_s\":" << Fixed(rate, 0)
+              << ",\"mb_per_s\":" << Fixed(mbps, 1) << ",\"p50_us\":" << us(0.5)
+              << ",\"p90_us\":" << us(0.9) << ",\"p99_us\":" << us(0.99)
+              << ",\"p999_us\":" << us(0.999) << ",\"max_us\":" << Fixed(h.max() / 1000.0, 1)
+              << ",\"error\":\"" << error << "\"}" << std::endl;
+  } else {
+    std::printf(
+        "%s: %ld conn x %ld deep, %ld B -> %ld B: %lu calls in %.2f s, %lu failed\n"
+        "  %.0f calls/s, %.1f MB/s; latency us: p50 %s p90 %s p99 %s p99.9 %s max %s\n",
+        cfg.target.c_str(), cfg.connections, cfg.depth, cfg.request_bytes, cfg.response_bytes,
+        static_cast<unsigned long>(counted), secs, static_cast<unsigned long>(failed), rate, mbps,
+        us(0.5).c_str(), us(0.9).c_str(), us(0.99).c_str(), us(0.999).c_str(),
+        Fixed(h.max() / 1000.0, 1).c_str());
+    if (!error.empty()) std::printf("  first error: %s\n", error.c_str());
+  }
+  return failed == 0 && counted > 0 && shared.connect_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rdmarpc::examples::Flags flags(argc, argv,
+                                 {{"server", false},
+                                  {"listen", true},
+                                  {"target", true},
+                                  {"connections", true},
+                                  {"depth", true},
+                                  {"request-bytes", true},
+                                  {"response-bytes", true},
+                                  {"duration", true},
+                                  {"calls", true},
+                                  {"warmup", true},
+                                  {"threads", true},
+                                  {"busy-poll", false},
+                                  {"idle-connections", true},
+                                  {"json", false},
+                                  {"quiet", false},
+                                  {"log-level", true},
+                                  {"help", false}});
+  if (flags.has("help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  ClientConfig cfg;
+  cfg.threads = flags.get_int("threads", 1, 1, 256);
+  cfg.target = flags.get("target", "");
+  cfg.connections = flags.get_int("connections", 1, 1, 100000);
+  cfg.depth = flags.get_int("depth", 1, 1, 100000);
+  cfg.request_bytes = flags.get_int("request-bytes", 64, 0, 64 << 20);
+  cfg.response_bytes = flags.get_int("response-bytes", cfg.request_bytes, 0, 64 << 20);
+  cfg.duration_s = static_cast<double>(flags.get_int("duration", 5, 1, 86400));
+  cfg.warmup_s = static_cast<double>(flags.get_int("warmup", 1, 0, 3600));
+  cfg.calls = flags.get_int("calls", 0, 0, 1000000000000L);
+  cfg.json = flags.has("json");
+  cfg.quiet = flags.has("quiet") || cfg.json;
+  if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
+  const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
+  std::string bad = flags.error();
+  if (bad.empty() && !flags.has("server") && cfg.target.empty()) bad = "give --server or --target";
+  if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
+    bad = "unknown log level";
+  }
+  if (!bad.empty()) {
+    std::cerr << "rdmarpc_bench: " << bad << "\n\n" << kUsage;
+    return 2;
+  }
+  if (flags.has("server")) return RunServer(flags, cfg.threads);
+  if (idle > 0) return RunIdle(cfg, idle);
+  return RunClient(cfg);
+}

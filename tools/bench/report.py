@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Writes docs/BENCHMARKS.md and its plots from the JSON lines tools/bench/run_all.sh collected.
+
+usage: report.py RESULTS_DIR OUTPUT_MD
+"""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+
+def load(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def size_name(b):
+    if b >= 1 << 20:
+        return f"{b >> 20} MiB"
+    if b >= 1 << 10:
+        return f"{b >> 10} KiB"
+    return f"{b} B"
+
+
+def short_profile_line(line):
+    """Drops library paths and template noise from a callgrind_annotate line."""
+    import re
+    line = re.sub(r" \[/[^\]]*\]$", "", line)          # [/path/to/lib.so]
+    line = re.sub(r"/root/\.cache/bazel/\S*?/bin/", "", line)
+    head, sep, rest = line.partition("%)  ")
+    if sep and ".Frame*)" in rest:  # a coroutine's body: keep its name only
+        rest = rest[: rest.index("(")] + "(...) [coroutine body]"
+    line = head + sep + rest
+    line = re.sub(r"\(boost::asio::detail::[^)]*\)", "(...)", line)
+    if len(line) > 150:
+        line = line[:147] + "..."
+    return line
+
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    cores = os.cpu_count()
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) // (1024 * 1024)
+    kernel = platform.release()
+    return f"{cpu}, {cores} cores, {mem} GiB, Linux {kernel} (host); the RDMA figures run in a qemu TCG guest (2 vCPUs, emulated) with rdma_rxe"
+
+
+def main():
+    res, out_md = sys.argv[1], sys.argv[2]
+    tcp = load(os.path.join(res, "tcp.jsonl"))
+    cpu = load(os.path.join(res, "cpu.jsonl"))
+    rdma = load(os.path.join(res, "rdma.jsonl"))
+    perf = {(r["tool"], r["bytes"]): r for r in rdma if r.get("kind") == "perftest"}
+    ours = {}
+    for r in rdma:
+        if r.get("kind") == "rdmarpc" and r.get("test") == "latency":
+            ours[(r["mode"], r["result"]["request_bytes"])] = r["result"]
+    md = []
+    w = md.append
+    w("# Benchmarks")
+    w("")
+    w("Produced by `tools/bench/run_all.sh` (one script, every table and plot below) on "
+      f"{time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
+    w("")
+    w("These machines are shared and noisy: every comparison below ran side by side in one run; "
+      "quote the ratios rather than the absolute numbers. Latency is the round trip of one call "
+      "(request out, reply decoded) measured by the caller; p50 is the median. perftest reports "
+      "half a round trip, so its figures are doubled here. Figures from the VM describe rxe under "
+      "an emulated CPU, not RDMA hardware.")
+    w("")
+    w("![latency](bench/latency.png) ![throughput](bench/throughput.png)")
+    w("")
+    w("## Targets")
+    w("")
+    w("| target | reached | met |")
+    w("| --- | --- | --- |")
+    t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
+    if t64:
+        q = t64["rdmarpc"]["p50_us"] / t64["raw"]["p50_us"]
+        w(f"| TCP: 64 B round trip within 1.3x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 1.3 else 'no'} |")
+    wl = perf.get(("ib_write_lat", 64))
+    bp = ours.get(("busy-poll", 64))
+    if wl and bp:
+        q = bp["p50_us"] / (2 * wl["half_rtt_typical_us"])
+        w(f"| RDMA (VM): 64 B round trip within 1.5x of raw verbs (ib_write_lat) | {q:.2f}x (busy-poll) | {'yes' if q <= 1.5 else 'no'} |")
+    bw = perf.get(("ib_write_bw", 1048576))
+    thr = {r["mode"]: r["result"] for r in rdma
+           if r.get("kind") == "rdmarpc" and r.get("test") == "throughput"}
+    if bw and thr:
+        best = max(r["mb_per_s"] for r in thr.values()) / bw["mb_per_s"]
+        w(f"| RDMA (VM): large-payload throughput at least 80% of ib_write_bw | {100 * best:.0f}% | {'yes' if best >= 0.8 else 'no'} |")
+    w("")
+    w("Where short, why (from the profiles below and the design):")
+    w("")
+    ir = {r["side"]: r["ir_per_call"] for r in cpu}
+    w("- RDMA 64 B round trip. perftest's loop does little more than post a write and poll for "
+      "the peer's (its instruction count was not measured here); an rdmarpc call costs about "
+      f"{ir.get('client', 0):,} instructions on the client and {ir.get('server', 0):,} on the "
+      "server (measured over TCP; the RDMA path differs only below the transport interface). "
+      "Under TCG emulation "
+      "every instruction costs tens of times more than on hardware, so the fixed per-call CPU "
+      "cost, not the wire, sets the round trip: the ratio says more about our instruction count "
+      "than about RDMA. The profile shows where it goes: Asio's scheduler (its mutex, "
+      "do_run_one, the reactor) and coroutine frames on both sides, malloc/free on the server "
+      "(a coroutine frame and a reply buffer per call). Next steps: a single-threaded scheduler "
+      "hint (`io_context(1)` still locks), recycling handler frames and reply buffers, and "
+      "polling the CQ from the event loop without a post per turn.")
+    w("- Events mode (no busy-poll) pays a completion-channel wake-up per message on each side; "
+      "busy-poll removes it at the price of a spinning core.")
+    w("- TCP 1 MiB: rdmarpc copies the payload into the protobuf message and the frame on each "
+      "side and grows its read buffer as the message arrives; the raw ping-pong reads straight "
+      "into one fixed buffer. Large-message TCP throughput is not a target here.")
+    w("")
+
+    # --- RDMA -----------------------------------------------------------------------------
+    w("## RDMA (Soft-RoCE in the VM): rdmarpc next to raw verbs")
+    w("")
+    w("Command (inside one VM boot): `tools/bench/vm_bench.sh` via `tools/vm/rxe_vm.sh`; "
+      "perftest: `ib_send_lat|ib_write_lat -d rxe0 -x 1 -s SIZE -n N -F`; rdmarpc: "
+      "`rdmarpc_bench --target rdma://198.18.0.1:7490 --request-bytes SIZE --duration 3 "
+      "--warmup 1 [--busy-poll]` against `rdmarpc_bench --server [--busy-poll]`.")
+    w("")
+    perf = {(r["tool"], r["bytes"]): r for r in rdma if r.get("kind") == "perftest"}
+    ours = {}
+    for r in rdma:
+        if r.get("kind") == "rdmarpc" and r.get("test") == "latency":
+            ours[(r["mode"], r["result"]["request_bytes"])] = r["result"]
+    w("| payload | ib_send_lat RTT (us) | ib_write_lat RTT (us) | rdmarpc busy-poll p50 (us) | "
+      "rdmarpc events p50 (us) | busy-poll / write_lat | events / write_lat |")
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    lat_rows = []
+    for size in sorted({b for (_, b) in perf}):
+        s = perf.get(("ib_send_lat", size))
+        wl = perf.get(("ib_write_lat", size))
+        bp = ours.get(("busy-poll", size))
+        ev = ours.get(("events", size))
+        s_rtt = 2 * s["half_rtt_typical_us"] if s else None
+        w_rtt = 2 * wl["half_rtt_typical_us"] if wl else None
+        def fmt(v):
+            return f"{v:.1f}" if v is not None else "-"
+        def ratio(a, b):
+            return f"{a / b:.2f}x" if a and b else "-"
+        w(f"| {size_name(size)} | {fmt(s_rtt)} | {fmt(w_rtt)} | {fmt(bp and bp['p50_us'])} | "
+          f"{fmt(ev and ev['p50_us'])} | {ratio(bp and bp['p50_us'], w_rtt)} | "
+          f"{ratio(ev and ev['p50_us'], w_rtt)} |")
+        lat_rows.append((size, w_rtt, bp and bp["p50_us"], ev and ev["p50_us"]))
+    w("")
+    bw = perf.get(("ib_write_bw", 1048576))
+    thr = {r["mode"]: r["result"] for r in rdma
+           if r.get("kind") == "rdmarpc" and r.get("test") == "throughput"}
+    if bw:
+        w("Throughput, 1 MiB messages one way (`ib_write_bw -s 1048576 -n 500` against "
+          "`rdmarpc_bench --request-bytes 1048576 --response-bytes 0 --depth 4 --duration 5`):")
+        w("")
+        w("| path | MB/s | ratio to ib_write_bw |")
+        w("| --- | --- | --- |")
+        w(f"| ib_write_bw | {bw['mb_per_s']:.1f} | 1.00 |")
+        for mode, r in sorted(thr.items()):
+            w(f"| rdmarpc ({mode}) | {r['mb_per_s']:.1f} | {r['mb_per_s'] / bw['mb_per_s']:.2f} |")
+        w("")
+    idle = [r["result"] for r in rdma if r.get("test") == "idle"]
+    if idle:
+        w("Memory per idle RDMA connection (`rdmarpc_bench --idle-connections N`: resident "
+          "memory before and after opening N connections and making one call on each):")
+        w("")
+        w("| connections | opened | client KiB / connection | server KiB / connection |")
+        w("| --- | --- | --- | --- |")
+        for r in idle:
+            w(f"| {r['idle_connections_asked']} | {r['opened']} | "
+              f"{r['client_bytes_per_connection'] / 1024:.0f} | "
+              f"{r['server_bytes_per_connection'] / 1024:.0f} |")
+        w("")
+        w("Each RDMA connection holds a 1 MiB receive ring and a 1 MiB send buffer, both pinned; "
+          "the largest count tried in the 2 GiB guest (client and server in the same guest) is "
+          "the largest listed above.")
+        w("")
+
+    # --- TCP ------------------------------------------------------------------------------
+    w("## TCP on loopback: rdmarpc next to a raw-socket ping-pong")
+    w("")
+    w("Commands: `rdmarpc_bench --target tcp://127.0.0.1:7490 --request-bytes SIZE --depth D "
+      "--duration 3 --warmup 1` against `rdmarpc_bench --server`; `tcp_pingpong --port 7495 "
+      "--bytes SIZE --depth D --duration 3 --warmup 1` against `tcp_pingpong --server` (blocking "
+      "sockets, TCP_NODELAY, fixed-size messages, no framing: the floor for any TCP RPC).")
+    w("")
+    w("| payload | depth | raw p50 (us) | rdmarpc p50 (us) | p50 ratio | raw calls/s | "
+      "rdmarpc calls/s | rdmarpc p99 (us) |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    tcp_rows = []
+    for r in tcp:
+        if r.get("kind") != "tcp":
+            continue
+        a, b = r["raw"], r["rdmarpc"]
+        w(f"| {size_name(r['bytes'])} | {r['depth']} | {a['p50_us']:.1f} | {b['p50_us']:.1f} | "
+          f"{b['p50_us'] / a['p50_us']:.2f}x | {a['calls_per_s']:.0f} | {b['calls_per_s']:.0f} | "
+          f"{b['p99_us']:.1f} |")
+        if r["depth"] == 1:
+            tcp_rows.append((r["bytes"], a["p50_us"], b["p50_us"], b["mb_per_s"]))
+    w("")
+    for r in tcp:
+        if r.get("kind") == "tcp_throughput":
+            t = r["rdmarpc"]
+            w(f"Throughput, 1 MiB one way at depth 4: {t['mb_per_s']:.0f} MB/s "
+              f"({t['calls_per_s']:.0f} calls/s).")
+            w("")
+    idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
+    if idle:
+        w("| idle TCP connections asked | opened | client KiB / connection | "
+          "server KiB / connection |")
+        w("| --- | --- | --- | --- |")
+        for r in idle:
+            w(f"| {r['idle_connections_asked']} | {r['opened']} | "
+              f"{r['client_bytes_per_connection'] / 1024:.1f} | "
+              f"{r['server_bytes_per_connection'] / 1024:.1f} |")
+        w("")
+
+    # --- CPU ------------------------------------------------------------------------------
+    if cpu:
+        w("## CPU cost per call (callgrind)")
+        w("")
+        w("A 64 B echo over TCP. Each side ran under `valgrind --tool=callgrind` twice, for "
+          "2,000 and for 12,000 calls (depth 1); instructions per call = difference / 10,000, "
+          "which cancels set-up, connection and exit.")
+        w("")
+        w("| side | instructions per call |")
+        w("| --- | --- |")
+        for r in cpu:
+            w(f"| {r['side']} | {r['ir_per_call']:,} |")
+        w("")
+        for side in ("client", "server"):
+            p = os.path.join(res, f"{side}.top.txt")
+            if os.path.exists(p):
+                w(f"Where the {side}'s instructions go (12,000-call run, self cost, top 15; "
+                  "includes set-up):")
+                w("")
+                w("```")
+                with open(p) as f:
+                    for line in f:
+                        w(short_profile_line(line.rstrip()))
+                w("```")
+                w("")
+
+    # --- plots ----------------------------------------------------------------------------
+    plot_dir = os.path.join(os.path.dirname(out_md), "bench")
+    os.makedirs(plot_dir, exist_ok=True)
+    with open(os.path.join(plot_dir, "latency.dat"), "w") as f:
+        f.write("# bytes tcp_raw tcp_rdmarpc rdma_write_lat rdma_rdmarpc_busy rdma_rdmarpc_events\n")
+        sizes = sorted({s for s, *_ in tcp_rows} | {s for s, *_ in lat_rows})
+        t = {s: (a, b) for s, a, b, _ in tcp_rows}
+        r = {s: (a, b, c) for s, a, b, c in lat_rows}
+        for s in sizes:
+            vals = list(t.get(s, (None, None))) + list(r.get(s, (None, None, None)))
+            f.write(f"{s} " + " ".join("NaN" if v is None else f"{v}" for v in vals) + "\n")
+    with open(os.path.join(plot_dir, "throughput.dat"), "w") as f:
+        f.write("# bytes tcp_rdmarpc_MBps rdma_rdmarpc_busy_MBps\n")
+        for s in sizes:
+            tb = next((b["mb_per_s"] for x in tcp if x.get("kind") == "tcp" and x["depth"] == 1
+                       and x["bytes"] == s for b in [x["rdmarpc"]]), None)
+            rb = ours.get(("busy-poll", s))
+            f.write(f"{s} {tb if tb is not None else 'NaN'} "
+                    f"{rb['mb_per_s'] if rb else 'NaN'}\n")
+    gp = f"""
+set terminal png size 800,500 noenhanced
+set logscale xy
+set grid
+set key top left
+set xlabel "payload (bytes, each way)"
+set output "{plot_dir}/latency.png"
+set ylabel "round-trip latency, p50 (us)"
+set title "Round trip vs payload (depth 1)"
+plot "{plot_dir}/latency.dat" u 1:2 w lp t "TCP raw ping-pong", \\
+     "" u 1:3 w lp t "TCP rdmarpc", \\
+     "" u 1:4 w lp t "RDMA (VM) ib_write_lat x2", \\
+     "" u 1:5 w lp t "RDMA (VM) rdmarpc busy-poll", \\
+     "" u 1:6 w lp t "RDMA (VM) rdmarpc events"
+set output "{plot_dir}/throughput.png"
+set ylabel "payload MB/s (request + reply)"
+set title "Throughput vs payload (one connection, depth 1)"
+plot "{plot_dir}/throughput.dat" u 1:2 w lp t "TCP rdmarpc", \\
+     "" u 1:3 w lp t "RDMA (VM) rdmarpc busy-poll"
+"""
+    subprocess.run(["gnuplot"], input=gp.encode(), check=True)
+    with open(out_md, "w") as f:
+        f.write("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

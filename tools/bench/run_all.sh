@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Reproduces every figure in docs/BENCHMARKS.md: TCP on loopback (rdmarpc next to a raw-socket
+# ping-pong), CPU cost per call (callgrind), memory per idle connection and connection counts,
+# and RDMA in the Soft-RoCE VM (rdmarpc next to perftest on the same device in the same boot).
+# Then writes docs/BENCHMARKS.md and the plots in docs/bench/.
+#
+#   tools/bench/run_all.sh            # about 6 minutes on a 2-core machine
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash tools/setup.sh >/dev/null
+export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+res=$(mktemp -d /var/tmp/rdmarpc_bench.XXXXXX)
+chmod 777 "$res"
+trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$res"' EXIT
+bazel build //tools/bench:all >/dev/null 2>&1 || bazel build //tools/bench:all
+bin=bazel-bin/tools/bench
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+
+wait_listening() {  # file
+  for _ in $(seq 200); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  echo "server did not start: $(cat "$1")" >&2; return 1
+}
+
+echo "== TCP on loopback: rdmarpc_bench next to tcp_pingpong"
+$bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$res/srv.log" 2>&1 &
+srv=$!
+$bin/tcp_pingpong --server --port 7495 >"$res/pp.log" 2>&1 &
+pp=$!
+wait_listening "$res/srv.log"; wait_listening "$res/pp.log"
+target=$(sed -n 's/^listening on //p' "$res/srv.log")
+for depth in 1 32; do
+  sizes="64 4096 65536 1048576"
+  [ "$depth" = 32 ] && sizes="64"
+  for size in $sizes; do
+    r=$($bin/rdmarpc_bench --target "$target" --request-bytes "$size" --depth "$depth" \
+        --duration 3 --warmup 1 --json)
+    p=$($bin/tcp_pingpong --port 7495 --bytes "$size" --depth "$depth" --duration 3 --warmup 1 --json)
+    echo "{\"kind\":\"tcp\",\"bytes\":$size,\"depth\":$depth,\"rdmarpc\":$r,\"raw\":$p}" >> "$res/tcp.jsonl"
+    echo "  $size B depth $depth: rdmarpc p50 $(echo "$r" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, raw p50 $(echo "$p" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us"
+  done
+done
+r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
+    --depth 4 --duration 3 --warmup 1 --json)
+echo "{\"kind\":\"tcp_throughput\",\"rdmarpc\":$r}" >> "$res/tcp.jsonl"
+
+echo "== memory per idle connection and connection count (TCP)"
+for n in 1000 10000; do
+  r=$($bin/rdmarpc_bench --target "$target" --idle-connections "$n" --json || true)
+  echo "{\"kind\":\"tcp_idle\",\"result\":$r}" >> "$res/tcp.jsonl"
+done
+kill "$srv" "$pp"; wait "$srv" "$pp" 2>/dev/null || true
+
+echo "== CPU cost: instructions per call (callgrind), 64 B echo over TCP, set-up excluded"
+# Run each side twice, with 2,000 and 12,000 calls; the difference / 10,000 is the cost per call
+# with connection set-up, start and exit cancelled out.
+for n in 2000 12000; do
+  valgrind --tool=callgrind --callgrind-out-file="$res/server.$n.cg" \
+    $bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$res/cgsrv.log" 2>&1 &
+  srv=$!
+  wait_listening "$res/cgsrv.log"
+  valgrind --tool=callgrind --callgrind-out-file="$res/client.$n.cg" \
+    $bin/rdmarpc_bench --target "$(sed -n 's/^listening on //p' "$res/cgsrv.log")" --calls "$n" --warmup 0 --quiet >/dev/null 2>&1
+  kill -TERM "$srv"; wait "$srv" || true
+done
+for side in client server; do
+  i1=$(callgrind_annotate "$res/$side.2000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+  i2=$(callgrind_annotate "$res/$side.12000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+  echo "{\"kind\":\"callgrind\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 ))}" >> "$res/cpu.jsonl"
+  callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
+    grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
+done
+
+echo "== RDMA in the Soft-RoCE VM (perftest and rdmarpc_bench, same device, same boot)"
+bash tools/vm/rxe_vm.sh --timeout 900 --share "$res" -- bash tools/bench/vm_bench.sh "$res"
+
+echo "== report"
+mkdir -p docs/bench
+cp "$res"/*.jsonl "$res"/*.top.txt docs/bench/
+python3 tools/bench/report.py docs/bench docs/BENCHMARKS.md
+echo "wrote docs/BENCHMARKS.md and docs/bench/"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE guest (started by tools/bench/run_all.sh): perftest's raw verbs
+# figures and rdmarpc_bench on the same rxe0 device in the same boot, one JSON line per
+# measurement into $1/rdma.jsonl. Sizes and durations are kept small: the guest CPU is emulated.
+set -uo pipefail
+out="$1/rdma.jsonl"
+bin=bazel-bin/tools/bench
+addr="$RXE_ADDR"
+: > "$out"
+
+# perftest prints a header line starting with " #bytes" and then one data line per size.
+perf_line() {  # tool size iters extra... -> the data line
+  local tool=$1 size=$2 iters=$3; shift 3
+  "$tool" -d rxe0 -x 1 -s "$size" -n "$iters" -F "$@" >/dev/null 2>&1 &
+  local server=$!
+  sleep 1
+  "$tool" -d rxe0 -x 1 -s "$size" -n "$iters" -F "$@" "$addr" 2>/dev/null |
+    awk '/^ *#bytes/{getline; print; exit}'
+  wait "$server" 2>/dev/null
+}
+
+for size in 64 4096 65536 1048576; do
+  iters=2000
+  [ "$size" -ge 65536 ] && iters=200
+  for tool in ib_send_lat ib_write_lat; do
+    # Columns: bytes iterations t_min t_max t_typical t_avg t_stdev p99 p99.9 (half round trips).
+    line=$(perf_line "$tool" "$size" "$iters")
+    set -- $line
+    [ $# -ge 6 ] && echo "{\"kind\":\"perftest\",\"tool\":\"$tool\",\"bytes\":$size,\"half_rtt_typical_us\":$5,\"half_rtt_avg_us\":$6}" >> "$out"
+  done
+done
+
+line=$(perf_line ib_write_bw 1048576 500)
+set -- $line
+[ $# -ge 4 ] && echo "{\"kind\":\"perftest\",\"tool\":\"ib_write_bw\",\"bytes\":1048576,\"mb_per_s\":$4}" >> "$out"
+
+for mode in busy-poll events; do
+  flag=""
+  [ "$mode" = busy-poll ] && flag="--busy-poll"
+  $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" $flag >/dev/null 2>&1 &
+  server=$!
+  sleep 1
+  for size in 64 4096 65536 1048576; do
+    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes "$size" \
+        --duration 3 --warmup 1 --json)
+    echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"latency\",\"result\":$r}" >> "$out"
+  done
+  r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes 1048576 \
+      --response-bytes 0 --depth 4 --duration 5 --warmup 1 --json)
+  echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"throughput\",\"result\":$r}" >> "$out"
+  kill "$server"; wait "$server" 2>/dev/null
+done
+
+$bin/rdmarpc_bench --server --listen "rdma://$addr:7490" >/dev/null 2>&1 &
+server=$!
+sleep 1
+for n in 100 250; do
+  r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" --idle-connections "$n" --json)
+  echo "{\"kind\":\"rdmarpc\",\"test\":\"idle\",\"result\":$r}" >> "$out"
+done
+kill "$server"; wait "$server" 2>/dev/null
+echo "vm_bench: $(wc -l < "$out") results"
