@@ -72,6 +72,11 @@ class ChannelCore final : public transport::ConnectionHandler,
     Status status;
     if (slot.done) {
       status = std::move(slot.status);
+    } else if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+               asio::cancellation_type::none) {
+      // The caller cancelled (e.g. through a cancellation slot bound to this call).
+      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
+      SendCancel(call_id);
     } else {
       status = Status(StatusCode::kDeadlineExceeded,
                       "no reply from " + target_ + " within " +

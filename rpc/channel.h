@@ -8,6 +8,12 @@
 // Errors: every call completes with a Status, never hangs: UNAVAILABLE once the connection is
 // gone, DEADLINE_EXCEEDED when the timeout passes, RESOURCE_EXHAUSTED for an oversized request,
 // or whatever the server's handler returned.
+//
+// Cancellation: a call is cancelled with Asio's per-operation cancellation (a cancellation slot
+// bound to the co_await, e.g. asio::bind_cancellation_slot, or the awaitable operators' `||`).
+// It completes at once with CANCELLED, and the server is told (a CANCEL frame): the handler sees
+// ServerContext::cancelled(), what it awaits is cancelled, and no reply is sent. A passed
+// deadline does the same on the server side.
 #pragma once
 
 #include <google/protobuf/message_lite.h>

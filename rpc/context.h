@@ -45,6 +45,11 @@ class ServerContext {
     return deadline_ - Clock::now();
   }
   const Metadata& metadata() const { return metadata_; }
+  // True once the caller cancelled the call (explicitly, or because its deadline passed). The
+  // runtime also cancels what the handler is awaiting; no reply is delivered after this.
+  bool cancelled() const { return cancelled_; }
+  // For the runtime (on a CANCEL frame).
+  void MarkCancelled() { cancelled_ = true; }
   // The first value for `key`, or nullptr.
   const std::string* FindMetadata(std::string_view key) const {
     for (const auto& [k, v] : metadata_) {
@@ -58,6 +63,7 @@ class ServerContext {
   std::string_view method_;  // points at the generated method table (static storage)
   Clock::time_point deadline_ = Clock::time_point::max();
   Metadata metadata_;
+  bool cancelled_ = false;
 };
 
 }  // namespace rdmarpc

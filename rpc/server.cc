@@ -86,9 +86,11 @@ class ServerConnection final : public transport::ConnectionHandler,
       case FrameType::kPing:
         internal::SendPong(*conn_, f.header.call_id);
         break;
+      case FrameType::kCancel:
+        OnCancel(f.header.call_id);
+        break;
       default:
-        // CANCEL is advisory in this version (the reply is simply discarded by the caller);
-        // other types are not meant for a server and are ignored, as the protocol specifies.
+        // Other types are not meant for a server and are ignored, as the protocol specifies.
         break;
     }
   }
@@ -99,9 +101,24 @@ class ServerConnection final : public transport::ConnectionHandler,
     thread_->connections.erase(shared_from_this());
   }
 
+  void Track(CancelHook* hook) override {
+    hook->prev = nullptr;
+    hook->next = running_;
+    if (running_) running_->prev = hook;
+    running_ = hook;
+  }
+
+  void Untrack(CancelHook* hook) override {
+    if (hook->prev) hook->prev->next = hook->next;
+    if (hook->next) hook->next->prev = hook->prev;
+    if (running_ == hook) running_ = hook->next;
+    hook->prev = hook->next = nullptr;
+  }
+
   void FinishCall(uint64_t call_id, const Status& status,
-                  const google::protobuf::MessageLite* reply) override {
+                  const google::protobuf::MessageLite* reply, bool deliver) override {
     core_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (!deliver) return;  // cancelled by the caller
     if (!conn_ || conn_->closed()) return;  // the caller is gone; nothing to deliver
     FrameHeader h;
     h.type = FrameType::kResponse;
@@ -128,6 +145,18 @@ class ServerConnection final : public transport::ConnectionHandler,
     // Keep error text small: it is for humans, not a data channel.
     if (msg.size() > 4096) msg = msg.substr(0, 4096);
     conn_->Send(FrameWriter(h, msg));
+  }
+
+  // The caller gave up on a call (cancelled it, or its deadline passed). Cancels are rare, so a
+  // walk over the running calls is cheaper than indexing every call.
+  void OnCancel(uint64_t call_id) {
+    for (CancelHook* h = running_; h; h = h->next) {
+      if (h->call_id != call_id) continue;
+      if (h->context->cancelled()) return;
+      h->context->MarkCancelled();
+      h->signal->emit(boost::asio::cancellation_type::terminal);
+      return;
+    }
   }
 
   void OnRequest(const DecodedFrame& f) {
@@ -172,6 +201,7 @@ class ServerConnection final : public transport::ConnectionHandler,
   std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
   std::string peer_;
+  CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
 };
 
 }  // namespace internal

@@ -6,6 +6,8 @@
 #include <google/protobuf/message_lite.h>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <cstdint>
@@ -38,14 +40,27 @@ struct MethodInfo {
 };
 
 namespace internal {
+// A running call its connection can cancel: a node of the connection's intrusive list (no
+// allocation; it lives in the call's own state). Touched only on the connection's thread.
+struct CancelHook {
+  uint64_t call_id = 0;
+  ServerContext* context = nullptr;
+  boost::asio::cancellation_signal* signal = nullptr;
+  CancelHook* prev = nullptr;
+  CancelHook* next = nullptr;
+};
+
 // Implemented by the server's connection: where a finished call's response goes.
 class CallSink {
  public:
   virtual ~CallSink() = default;
-  // Sends the response (reply when status is OK) and releases the call's in-flight slot.
-  // Called once per call, on the connection's thread.
+  // Sends the response (reply when status is OK) unless `deliver` is false (the caller
+  // cancelled), and releases the call's in-flight slot. Called once per call, on the
+  // connection's thread.
   virtual void FinishCall(uint64_t call_id, const Status& status,
-                          const google::protobuf::MessageLite* reply) = 0;
+                          const google::protobuf::MessageLite* reply, bool deliver) = 0;
+  virtual void Track(CancelHook* hook) = 0;
+  virtual void Untrack(CancelHook* hook) = 0;
   virtual const transport::Executor& executor() const = 0;
 };
 }  // namespace internal
@@ -59,20 +74,38 @@ class ServerCall {
   ServerCall(ServerCall&&) = default;
   ServerCall& operator=(ServerCall&&) = delete;
   ~ServerCall() {
-    if (sink_) sink_->FinishCall(call_id_, Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
+    Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
   }
 
   ServerContext& context() { return context_; }
   const transport::Executor& executor() const { return sink_->executor(); }
+
+  // Makes the call cancellable by the caller: a CANCEL frame marks context() cancelled and
+  // emits `signal` (terminal), which cancels whatever the handler is awaiting. Call once the
+  // ServerCall has its final address.
+  void TrackCancellation(boost::asio::cancellation_signal* signal) {
+    hook_.call_id = call_id_;
+    hook_.context = &context_;
+    hook_.signal = signal;
+    sink_->Track(&hook_);
+    tracked_ = true;
+  }
+
   void Finish(const Status& status, const google::protobuf::MessageLite* reply) {
     auto sink = std::move(sink_);
-    if (sink) sink->FinishCall(call_id_, status, reply);
+    if (!sink) return;
+    if (tracked_) sink->Untrack(&hook_);
+    tracked_ = false;
+    // A cancelled call gets no reply: the caller has already moved on.
+    sink->FinishCall(call_id_, status, reply, !context_.cancelled());
   }
 
  private:
   std::shared_ptr<internal::CallSink> sink_;
   uint64_t call_id_;
   ServerContext context_;
+  internal::CancelHook hook_;
+  bool tracked_ = false;
 };
 
 class Service;
@@ -121,13 +154,16 @@ class UnaryMethodHandler final : public MethodHandler {
       return;
     }
     auto executor = state->call.executor();
+    state->call.TrackCancellation(&state->cancel);
+    auto slot = state->cancel.slot();
     boost::asio::co_spawn(executor, Run(invoke_, service, std::move(state)),
-                          boost::asio::detached);
+                          boost::asio::bind_cancellation_slot(slot, boost::asio::detached));
   }
 
  private:
   struct State {
     explicit State(ServerCall c) : call(std::move(c)) {}
+    boost::asio::cancellation_signal cancel;  // emitted when the caller cancels
     ServerCall call;
     Req request;
     Resp reply;

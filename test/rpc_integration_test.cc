@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <thread>
@@ -352,4 +355,71 @@ TEST_CASE("rdma:// without an RDMA device fails at once with a clear message", "
     TestService::BlockingStub stub(*ch);
     CHECK(stub.Echo(EchoRequest()).ok());
   }
+}
+
+// Waits (in this thread) until `done()` or `limit` passes; returns done().
+template <class F>
+bool Eventually(F done, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  return done();
+}
+
+TEST_CASE("a cancelled call fails with CANCELLED at once; the handler sees it; no reply",
+          "[rpc][cancel]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  Status got;
+  std::chrono::steady_clock::duration took{};
+  RunLoop([&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    asio::cancellation_signal cancel;
+    bool finished = false;
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          SleepRequest req;
+          req.set_ms(10000);
+          google::protobuf::Empty reply;
+          got = co_await stub.Sleep(req, reply);
+          finished = true;
+        },
+        asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    asio::steady_timer t(ex, 300ms);  // the handler is running by now
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    const auto start = std::chrono::steady_clock::now();
+    cancel.emit(asio::cancellation_type::terminal);
+    while (!finished) {
+      t.expires_after(1ms);
+      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    took = std::chrono::steady_clock::now() - start;
+    // The channel still works after a cancelled call.
+    EchoRequest e;
+    e.set_seq(7);
+    auto r = co_await stub.Echo(e);
+    CHECK(r.ok());
+  }());
+  CHECK(got.code() == StatusCode::kCancelled);
+  CHECK(took < 1s);
+  // The server stopped the 10 s handler early and saw the cancellation.
+  CHECK(Eventually([&] { return ts.service.cancelled_seen == 1; }, 3000ms));
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
+}
+
+TEST_CASE("a deadline that passes cancels the handler on the server too", "[rpc][cancel]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SleepRequest req;
+  req.set_ms(10000);
+  CallOptions o;
+  o.timeout = 200ms;
+  auto r = stub.Sleep(req, o);
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(Eventually([&] { return ts.service.cancelled_seen == 1; }, 3000ms));
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
 }

@@ -2,6 +2,7 @@
 // the list of transports to run each test over.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
@@ -60,13 +61,16 @@ class TestServiceImpl final : public TestService::Service {
     throw std::runtime_error("boom");
     co_return Status();
   }
-  boost::asio::awaitable<Status> Sleep(ServerContext&, const SleepRequest& req,
+  boost::asio::awaitable<Status> Sleep(ServerContext& ctx, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
                                 std::chrono::milliseconds(req.ms()));
     co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    if (ctx.cancelled()) ++cancelled_seen;
     co_return Status();
   }
+  // Sleep calls whose handler saw ServerContext::cancelled() when its timer returned.
+  std::atomic<int> cancelled_seen{0};
   boost::asio::awaitable<Status> Block(ServerContext&, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms()));
