@@ -23,6 +23,7 @@
 #include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -43,7 +44,7 @@ constexpr char kUsage[] =
     "usage: rdmarpc_bench --server [--listen URI]... [--threads N] [--busy-poll]\n"
     "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
-    "                     [--threads T] [--busy-poll] [--json] [--quiet]\n"
+    "                     [--threads T] [--busy-poll] [--verify] [--json] [--quiet]\n"
     "       rdmarpc_bench --target URI --idle-connections N\n"
     "\n"
     "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
@@ -63,6 +64,8 @@ constexpr char kUsage[] =
     "  --busy-poll          rdma: spin on completion queues instead of sleeping\n"
     "  --idle-connections N open N connections, make one call on each, then report the\n"
     "                       client's and the server's resident memory before and after\n"
+    "  --verify             make every request unique and check its reply is its own echo;\n"
+    "                       report mismatches and client/server RSS at start and end\n"
     "  --json               one JSON object on stdout instead of text\n"
     "  --quiet              no progress lines\n"
     "Exit codes: 0 done, 1 calls failed or could not connect, 2 bad arguments.\n";
@@ -125,7 +128,7 @@ struct ClientConfig {
   long connections, depth, request_bytes, response_bytes, threads;
   double duration_s, warmup_s;
   long calls;  // 0 = run for duration_s
-  bool json, quiet;
+  bool json, quiet, verify;
   rdmarpc::ChannelOptions options;
 };
 
@@ -133,9 +136,10 @@ struct ClientConfig {
 struct Worker {
   asio::io_context ioc{1};
   Histogram hist;
-  uint64_t counted = 0, failed = 0;
+  uint64_t counted = 0, failed = 0, mismatched = 0;
   std::string error;
   std::vector<std::shared_ptr<rdmarpc::Channel>> channels;
+  uint64_t next_loop_id = 0;
 };
 
 struct Shared {
@@ -154,7 +158,17 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
   rdmarpc::bench::CallReply reply;
   rdmarpc::CallOptions opts;
   opts.timeout = std::chrono::seconds(30);
+  const uint64_t loop_id = w.next_loop_id++;
+  uint64_t seq = 0;
   while (!shared.stop.load(std::memory_order_relaxed)) {
+    if (cfg.verify) {
+      // Every request unique (this loop's id, a sequence number), so that a lost, duplicated
+      // or crossed reply shows up as a mismatch.
+      char* p = req.mutable_payload()->data();
+      ++seq;
+      std::memcpy(p, &loop_id, 8);
+      std::memcpy(p + 8, &seq, 8);
+    }
     const auto t0 = Clock::now();
     rdmarpc::Status s = co_await stub.Call(req, reply, opts);
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
@@ -167,6 +181,8 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
     if (reply.payload().size() != static_cast<size_t>(cfg.response_bytes)) {
       ++w.failed;
       if (w.error.empty()) w.error = "reply of the wrong size";
+    } else if (cfg.verify && reply.payload() != req.payload()) {
+      ++w.mismatched;
     }
     if (shared.measuring.load(std::memory_order_relaxed)) {
       w.hist.Record(static_cast<uint64_t>(ns.count()));
@@ -273,8 +289,17 @@ int RunIdle(const ClientConfig& cfg, long n) {
   return finish(opened == n && failed == 0 ? 0 : 1);
 }
 
+// The server's resident memory via its Stats method (0 if it cannot be asked).
+uint64_t ServerRss(const ClientConfig& cfg) {
+  auto ch = rdmarpc::Channel::ConnectBlocking(cfg.target, cfg.options);
+  if (!ch.ok()) return 0;
+  auto r = rdmarpc::bench::Bench::BlockingStub(*ch).Stats(rdmarpc::bench::StatsRequest());
+  return r.ok() ? r->rss_bytes() : 0;
+}
+
 int RunClient(const ClientConfig& cfg) {
   Shared shared;
+  const uint64_t server_rss_start = cfg.verify ? ServerRss(cfg) : 0;
   std::vector<std::unique_ptr<Worker>> workers;
   for (long t = 0; t < cfg.threads; ++t) workers.push_back(std::make_unique<Worker>());
   for (long t = 0; t < cfg.threads; ++t) {
@@ -292,6 +317,7 @@ int RunClient(const ClientConfig& cfg) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   shared.measuring = true;
+  const uint64_t client_rss_start = RssBytes();
   const auto start = Clock::now();
   const auto until = start + std::chrono::duration<double>(cfg.duration_s);
   auto next_progress = start + std::chrono::seconds(1);
@@ -309,19 +335,22 @@ int RunClient(const ClientConfig& cfg) {
   }
   shared.measuring = false;
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const uint64_t client_rss_end = RssBytes();
   shared.stop = true;
   for (auto& w : workers) {
     asio::post(w->ioc, [&w] { w->channels.clear(); });
   }
   for (auto& t : threads) t.join();
 
+  const uint64_t server_rss_end = cfg.verify ? ServerRss(cfg) : 0;
   Histogram h;
-  uint64_t counted = 0, failed = 0;
+  uint64_t counted = 0, failed = 0, mismatched = 0;
   std::string error;
   for (auto& w : workers) {
     h.Merge(w->hist);
     counted += w->counted;
     failed += w->failed;
+    mismatched += w->mismatched;
     if (error.empty()) error = w->error;
   }
   const double rate = counted / secs;
@@ -335,8 +364,14 @@ int RunClient(const ClientConfig& cfg) {
               << ",\"failed\":" << failed << ",\"calls_per_s\":" << Fixed(rate, 0)
               << ",\"mb_per_s\":" << Fixed(mbps, 1) << ",\"p50_us\":" << us(0.5)
               << ",\"p90_us\":" << us(0.9) << ",\"p99_us\":" << us(0.99)
-              << ",\"p999_us\":" << us(0.999) << ",\"max_us\":" << Fixed(h.max() / 1000.0, 1)
-              << ",\"error\":\"" << error << "\"}" << std::endl;
+              << ",\"p999_us\":" << us(0.999) << ",\"max_us\":" << Fixed(h.max() / 1000.0, 1);
+    if (cfg.verify) {
+      std::cout << ",\"mismatched\":" << mismatched << ",\"client_rss_start\":" << client_rss_start
+                << ",\"client_rss_end\":" << client_rss_end
+                << ",\"server_rss_start\":" << server_rss_start
+                << ",\"server_rss_end\":" << server_rss_end;
+    }
+    std::cout << ",\"error\":\"" << error << "\"}" << std::endl;
   } else {
     std::printf(
         "%s: %ld conn x %ld deep, %ld B -> %ld B: %lu calls in %.2f s, %lu failed\n"
@@ -345,9 +380,15 @@ int RunClient(const ClientConfig& cfg) {
         static_cast<unsigned long>(counted), secs, static_cast<unsigned long>(failed), rate, mbps,
         us(0.5).c_str(), us(0.9).c_str(), us(0.99).c_str(), us(0.999).c_str(),
         Fixed(h.max() / 1000.0, 1).c_str());
+    if (cfg.verify) {
+      std::printf("  verified: %lu mismatched; RSS client %.1f -> %.1f MiB, server %.1f -> %.1f MiB\n",
+                  static_cast<unsigned long>(mismatched), client_rss_start / 1048576.0,
+                  client_rss_end / 1048576.0, server_rss_start / 1048576.0,
+                  server_rss_end / 1048576.0);
+    }
     if (!error.empty()) std::printf("  first error: %s\n", error.c_str());
   }
-  return failed == 0 && counted > 0 && shared.connect_failures == 0 ? 0 : 1;
+  return failed == 0 && mismatched == 0 && counted > 0 && shared.connect_failures == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -368,7 +409,7 @@ int main(int argc, char** argv) {
                                   {"busy-poll", false},
                                   {"idle-connections", true},
                                   {"json", false},
-                                  {"quiet", false},
+                                  {"quiet", false}, {"verify", false},
                                   {"log-level", true},
                                   {"help", false}});
   if (flags.has("help")) {
@@ -387,10 +428,14 @@ int main(int argc, char** argv) {
   cfg.calls = flags.get_int("calls", 0, 0, 1000000000000L);
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
+  cfg.verify = flags.has("verify");
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
   std::string bad = flags.error();
   if (bad.empty() && !flags.has("server") && cfg.target.empty()) bad = "give --server or --target";
+  if (bad.empty() && cfg.verify && (cfg.request_bytes < 16 || cfg.response_bytes != cfg.request_bytes)) {
+    bad = "--verify needs --request-bytes of at least 16 and an equal --response-bytes";
+  }
   if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
     bad = "unknown log level";
   }
