@@ -8,6 +8,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <future>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -26,7 +27,18 @@ class ChannelCore final : public transport::ConnectionHandler,
                           public std::enable_shared_from_this<ChannelCore> {
  public:
   ChannelCore(std::string target, std::shared_ptr<transport::Connection> conn)
-      : target_(std::move(target)), conn_(std::move(conn)), executor_(conn_->executor()) {}
+      : target_(std::move(target)),
+        conn_(std::move(conn)),
+        executor_(conn_->executor()),
+        keepalive_timer_(executor_) {}
+
+  // Starts the keepalive loop (see ChannelOptions). Call once, on the channel's executor.
+  void StartKeepalive(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+    if (interval.count() <= 0) return;
+    keepalive_interval_ = interval;
+    keepalive_timeout_ = timeout;
+    ScheduleKeepalive(interval);
+  }
 
   const transport::Executor& executor() const { return executor_; }
 
@@ -91,6 +103,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   void OnMessage(std::span<const std::byte> message) override {
+    last_heard_ = std::chrono::steady_clock::now();
     DecodedFrame f;
     std::string err = DecodeFrame(message, &f);
     if (!err.empty()) {
@@ -115,6 +128,7 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   void OnClose(const transport::Error& reason) override {
     FailAll(reason.message);
+    keepalive_timer_.cancel();
     conn_.reset();  // breaks the connection <-> handler cycle
   }
 
@@ -126,6 +140,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // of the connection now instead of in OnClose, which may never run if the loop stops first;
   // the connection <-> handler reference cycle would otherwise leak both (found by LSan).
   void Shutdown() {
+    keepalive_timer_.cancel();
     FailAll("channel destroyed");
     if (conn_) {
       conn_->Close();
@@ -209,9 +224,54 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
   }
 
+  // One timer per channel: wakes every interval; sends a PING when the server has been quiet for
+  // an interval, and gives up on it when still nothing has arrived `timeout` after the PING.
+  void ScheduleKeepalive(std::chrono::steady_clock::duration after) {
+    keepalive_timer_.expires_after(after);
+    std::weak_ptr<ChannelCore> weak = shared_from_this();
+    keepalive_timer_.async_wait([weak](boost::system::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->closed_ || !self->conn_) return;
+      self->KeepaliveTick();
+    });
+  }
+
+  void KeepaliveTick() {
+    const auto now = std::chrono::steady_clock::now();
+    const auto quiet = now - last_heard_;
+    if (ping_sent_ && last_heard_ < *ping_sent_ && now - *ping_sent_ >= keepalive_timeout_) {
+      const std::string why = "no reply to a keepalive ping within " +
+                              std::to_string(keepalive_timeout_.count()) + " ms";
+      spdlog::warn("channel {}: {}; closing", target_, why);
+      FailAll(why);
+      conn_->Close();
+      return;
+    }
+    if (!ping_sent_ || last_heard_ >= *ping_sent_) {
+      ping_sent_.reset();
+      if (quiet >= keepalive_interval_) {
+        FrameHeader h;
+        h.type = FrameType::kPing;
+        h.call_id = ++pings_;
+        conn_->Send(internal::FrameWriter(h, std::string_view()));
+        ping_sent_ = now;
+      }
+    }
+    ScheduleKeepalive(ping_sent_ ? std::min<std::chrono::steady_clock::duration>(
+                                       keepalive_interval_, keepalive_timeout_) / 4
+                                 : keepalive_interval_ - std::min<std::chrono::steady_clock::duration>(
+                                                             quiet, keepalive_interval_) +
+                                       std::chrono::milliseconds(1));
+  }
+
   std::string target_;
   std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
+  asio::steady_timer keepalive_timer_;
+  std::chrono::milliseconds keepalive_interval_{0}, keepalive_timeout_{0};
+  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> ping_sent_;
+  uint64_t pings_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<uint32_t> free_;
   bool closed_ = false;
@@ -259,6 +319,7 @@ asio::awaitable<Result<std::shared_ptr<Channel>>> Channel::Connect(std::string u
   if (!conn.ok()) co_return Status(StatusCode::kUnavailable, conn.error().message);
   auto core = std::make_shared<internal::ChannelCore>(uri, conn.value());
   conn.value()->Start(core);
+  core->StartKeepalive(options.keepalive_interval, options.keepalive_timeout);
   co_return std::shared_ptr<Channel>(new Channel(uri, ex, std::move(core), nullptr));
 }
 

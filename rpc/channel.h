@@ -34,6 +34,12 @@ namespace rdmarpc {
 
 struct ChannelOptions {
   transport::Options transport;
+  // Keepalive: when nothing has arrived from the server for `keepalive_interval`, send a PING;
+  // when nothing at all arrives within `keepalive_timeout` after it, the server is taken for
+  // dead (process stopped, machine gone, link cut without a close): the connection is closed
+  // and every call in flight fails with UNAVAILABLE. Zero interval = off (the default).
+  std::chrono::milliseconds keepalive_interval{0};
+  std::chrono::milliseconds keepalive_timeout{5000};
 };
 
 namespace internal {

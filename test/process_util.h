@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -81,6 +83,22 @@ class Child {
   }
 
   void Kill() { Stop(SIGKILL); }
+  // Sends `sig` without waiting (e.g. SIGCONT).
+  void Signal(int sig) { kill(pid_, sig); }
+
+  // SIGSTOP, then waits until the process is really stopped: delivery is asynchronous, and a
+  // process on another core keeps running for a moment after kill() returns.
+  bool Pause() {
+    kill(pid_, SIGSTOP);
+    for (int i = 0; i < 400; ++i) {
+      std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+      std::string pid, comm, state;
+      stat >> pid >> comm >> state;  // comm has no spaces for our binaries
+      if (state == "T" || state == "t") return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
 
   // Sends `sig` and waits for the exit; returns the exit code, or 128 + signal if it was killed.
   int Stop(int sig) {

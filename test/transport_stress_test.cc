@@ -13,7 +13,6 @@
 #include "test/process_util.h"
 #include "test/test_util.h"
 
-
 namespace asio = boost::asio;
 using namespace rdmarpc;
 using namespace rdmarpc::testing;
@@ -279,4 +278,38 @@ TEST_CASE("a client killed mid-call: the server keeps serving everyone else", "[
   }
   CHECK(good == 100);
   CHECK(server->running());
+}
+
+TEST_CASE("keepalive: a server that stops answering without closing fails calls with UNAVAILABLE",
+          "[stress][failure][keepalive]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto [server, uri] = StartEchoServer(listen);
+  ChannelOptions opts;
+  opts.keepalive_interval = 200ms;
+  opts.keepalive_timeout = 600ms;
+  Status quiet_call, stopped_call;
+  Clock::duration detected{};
+  RunLoop([&]() -> asio::awaitable<void> {
+    auto ch = co_await MustConnect(uri, opts);
+    demo::Echo::Stub stub(ch);
+    demo::SayRequest req;
+    req.set_message("ping?");
+    CallOptions o;
+    o.timeout = 60s;  // far past the bound below: the failure must come from keepalive
+    // A live but idle server is not mistaken for a dead one: quiet for 7 keepalive intervals.
+    asio::steady_timer t(co_await asio::this_coro::executor, 1400ms);
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    quiet_call = (co_await stub.Say(req, o)).status();
+    // Now the server process stops (SIGSTOP): its connection stays open, nothing answers.
+    REQUIRE(server->Pause());
+    const auto start = Clock::now();
+    stopped_call = (co_await stub.Say(req, o)).status();
+    detected = Clock::now() - start;
+  }());
+  server->Signal(SIGCONT);
+  CHECK(quiet_call.ok());
+  INFO("stopped-server call: " << stopped_call.ToString());
+  CHECK(stopped_call.code() == StatusCode::kUnavailable);
+  CHECK_THAT(stopped_call.message(), Catch::Contains("keepalive"));
+  CHECK(detected < 5s);
 }

@@ -637,6 +637,11 @@ class RdmaConnection final : public Connection,
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
     if (id_) rdma_disconnect(id_.get());
+    // Stop watching CM events: a peer that no longer answers (stopped, gone) sends no
+    // DISCONNECTED for a long while, and the pending wait would keep this connection and its
+    // event loop alive until the CM gives up (about 100 s with rxe).
+    boost::system::error_code ignored;
+    event_fd_.cancel(ignored);
     pending_.clear();
     asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
