@@ -68,6 +68,9 @@ def main():
     for r in rdma:
         if r.get("kind") == "rdmarpc" and r.get("test") == "latency":
             ours[(r["mode"], r["result"]["request_bytes"])] = r["result"]
+    bw = perf.get(("ib_write_bw", 1048576))
+    thr = {r["mode"]: r["result"] for r in rdma
+           if r.get("kind") == "rdmarpc" and r.get("test") == "throughput"}
     md = []
     w = md.append
     w("# Benchmarks")
@@ -96,9 +99,6 @@ def main():
     if wl and bp:
         q = bp["p50_us"] / (2 * wl["half_rtt_typical_us"])
         w(f"| RDMA (VM): 64 B round trip within 1.5x of raw verbs (ib_write_lat) | {q:.2f}x (busy-poll) | {'yes' if q <= 1.5 else 'no'} |")
-    bw = perf.get(("ib_write_bw", 1048576))
-    thr = {r["mode"]: r["result"] for r in rdma
-           if r.get("kind") == "rdmarpc" and r.get("test") == "throughput"}
     if bw and thr:
         best = max(r["mb_per_s"] for r in thr.values()) / bw["mb_per_s"]
         w(f"| RDMA (VM): large-payload throughput at least 80% of ib_write_bw | {100 * best:.1f}% | {'yes' if best >= 0.8 else 'no'} |")
@@ -133,11 +133,6 @@ def main():
       "`rdmarpc_bench --target rdma://198.18.0.1:7490 --request-bytes SIZE --duration 3 "
       "--warmup 1 [--busy-poll]` against `rdmarpc_bench --server [--busy-poll]`.")
     w("")
-    perf = {(r["tool"], r["bytes"]): r for r in rdma if r.get("kind") == "perftest"}
-    ours = {}
-    for r in rdma:
-        if r.get("kind") == "rdmarpc" and r.get("test") == "latency":
-            ours[(r["mode"], r["result"]["request_bytes"])] = r["result"]
     w("| payload | ib_send_lat RTT (us) | ib_write_lat RTT (us) | rdmarpc busy-poll p50 (us) | "
       "rdmarpc events p50 (us) | busy-poll / write_lat | events / write_lat |")
     w("| --- | --- | --- | --- | --- | --- | --- |")
@@ -158,9 +153,6 @@ def main():
           f"{ratio(ev and ev['p50_us'], w_rtt)} |")
         lat_rows.append((size, w_rtt, bp and bp["p50_us"], ev and ev["p50_us"]))
     w("")
-    bw = perf.get(("ib_write_bw", 1048576))
-    thr = {r["mode"]: r["result"] for r in rdma
-           if r.get("kind") == "rdmarpc" and r.get("test") == "throughput"}
     if bw:
         w("Throughput, 1 MiB messages one way (`ib_write_bw -s 1048576 -n 500` against "
           "`rdmarpc_bench --request-bytes 1048576 --response-bytes 0 --depth 4 --duration 5`):")
