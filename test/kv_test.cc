@@ -82,12 +82,7 @@ std::string AllBytes() {
 std::pair<std::unique_ptr<Child>, std::string> StartKvServer(std::vector<std::string> args) {
   args.insert(args.begin(), Runfile("examples/kv/kv_server"));
   args.insert(args.end(), {"--listen", "tcp://127.0.0.1:0"});
-  auto child = std::make_unique<Child>(args);
-  for (;;) {
-    std::string line = child->ReadLine(20s);
-    if (line.empty()) throw std::runtime_error("kv_server did not start");
-    if (line.rfind("listening on ", 0) == 0) return {std::move(child), line.substr(13)};
-  }
+  return StartServer(args);
 }
 
 std::string Key(int i) {
@@ -274,11 +269,7 @@ TEST_CASE("KV sharded over three servers: 10,000 keys readable, spread, scanned 
           },
           asio::detached);
     }
-    asio::steady_timer t(ex);
-    while (workers > 0) {
-      t.expires_after(5ms);
-      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
+    co_await WaitUntil([&] { return workers == 0; }, 300s);
     REQUIRE(acked == kKeys);
 
     // Every key readable, one by one and in batches.

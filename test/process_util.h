@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -120,5 +122,18 @@ class Child {
   int out_ = -1;
   std::string buf_;
 };
+
+// Starts a server binary (argv in `args`) that prints "listening on URI" once it serves, and
+// returns it with that URI. Throws if it exits or stays silent for 20 s.
+inline std::pair<std::unique_ptr<Child>, std::string> StartServer(
+    const std::vector<std::string>& args) {
+  auto child = std::make_unique<Child>(args);
+  const std::string prefix = "listening on ";
+  for (;;) {  // log lines may come first
+    std::string line = child->ReadLine(std::chrono::seconds(20));
+    if (line.empty()) throw std::runtime_error(args[0] + " did not start");
+    if (line.rfind(prefix, 0) == 0) return {std::move(child), line.substr(prefix.size())};
+  }
+}
 
 }  // namespace rdmarpc::testing

@@ -115,6 +115,19 @@ inline boost::asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string 
   co_return *ch;
 }
 
+// Waits on the current executor until `done()` holds or `limit` passes.
+template <class F>
+boost::asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) {
+  boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) co_return false;
+    t.expires_after(std::chrono::milliseconds(5));
+    co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+  }
+  co_return true;
+}
+
 // Runs `work` to completion on a fresh single-threaded io_context in this
 // thread.
 template <class T>

@@ -21,30 +21,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Starts examples/echo/echo_server on `listen` and returns it with the address
-// it bound.
+// Starts examples/echo/echo_server on `listen` and returns it with the address it bound.
 std::pair<std::unique_ptr<Child>, std::string> StartEchoServer(const std::string& listen) {
-  auto child = std::make_unique<Child>(std::vector<std::string>{
-      Runfile("examples/echo/echo_server"), "--listen", listen, "--threads", "1"});
-  const std::string prefix = "listening on ";
-  for (;;) {  // log lines may come first
-    std::string line = child->ReadLine(20s);
-    if (line.empty()) throw std::runtime_error("echo_server did not start");
-    if (line.rfind(prefix, 0) == 0) return {std::move(child), line.substr(prefix.size())};
-  }
-}
-
-// Waits on the current executor until `done()` holds or `limit` passes.
-template <class F>
-asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) co_return false;
-    t.expires_after(5ms);
-    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-  }
-  co_return true;
+  return StartServer({Runfile("examples/echo/echo_server"), "--listen", listen, "--threads", "1"});
 }
 
 }  // namespace
