@@ -237,9 +237,16 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   void KeepaliveTick() {
+    using Duration = std::chrono::steady_clock::duration;
     const auto now = std::chrono::steady_clock::now();
-    const auto quiet = now - last_heard_;
-    if (ping_sent_ && last_heard_ < *ping_sent_ && now - *ping_sent_ >= keepalive_timeout_) {
+    // While a PING is unanswered, look often enough to notice the timeout soon after it passes.
+    const Duration watch = std::min<Duration>(keepalive_interval_, keepalive_timeout_) / 4;
+    if (ping_sent_ && last_heard_ >= *ping_sent_) ping_sent_.reset();  // something arrived
+    if (ping_sent_) {
+      if (now - *ping_sent_ < keepalive_timeout_) {
+        ScheduleKeepalive(watch);
+        return;
+      }
       const std::string why = "no reply to a keepalive ping within " +
                               std::to_string(keepalive_timeout_.count()) + " ms";
       spdlog::warn("channel {}: {}; closing", target_, why);
@@ -247,21 +254,18 @@ class ChannelCore final : public transport::ConnectionHandler,
       conn_->Close();
       return;
     }
-    if (!ping_sent_ || last_heard_ >= *ping_sent_) {
-      ping_sent_.reset();
-      if (quiet >= keepalive_interval_) {
-        FrameHeader h;
-        h.type = FrameType::kPing;
-        h.call_id = ++pings_;
-        conn_->Send(internal::FrameWriter(h, std::string_view()));
-        ping_sent_ = now;
-      }
+    const Duration quiet = now - last_heard_;
+    if (quiet < keepalive_interval_) {
+      // Sleep until the connection could first have been quiet for a whole interval.
+      ScheduleKeepalive(keepalive_interval_ - quiet + std::chrono::milliseconds(1));
+      return;
     }
-    ScheduleKeepalive(ping_sent_ ? std::min<std::chrono::steady_clock::duration>(
-                                       keepalive_interval_, keepalive_timeout_) / 4
-                                 : keepalive_interval_ - std::min<std::chrono::steady_clock::duration>(
-                                                             quiet, keepalive_interval_) +
-                                       std::chrono::milliseconds(1));
+    FrameHeader h;
+    h.type = FrameType::kPing;
+    h.call_id = ++pings_;
+    conn_->Send(internal::FrameWriter(h, std::string_view()));
+    ping_sent_ = now;
+    ScheduleKeepalive(watch);
   }
 
   std::string target_;
