@@ -3,73 +3,135 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <future>
 #include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include "rpc/frame_writer.h"
+#include "rpc/keepalive.h"
 
 namespace rdmarpc {
 namespace asio = boost::asio;
 
 namespace internal {
 
-// The per-connection client state: pending-call slots indexed by call id. Lives on one thread;
-// no locks. A call id is (slot generation << 32 | slot index), so a late response for a slot that
-// has since been reused is recognised and dropped. Slots are reused, so a steady state of calls
-// allocates nothing here.
+// The client state of a channel: pending-call slots indexed by call id, the connection (replaced
+// when it is lost and the channel reconnects), and the queue of calls waiting for room. Lives on
+// one thread; no locks. A call id is (slot generation << 32 | slot index), so a late response for
+// a slot that has since been reused is recognised and dropped. Slots are reused, so a steady
+// state of calls allocates nothing here.
 class ChannelCore final : public transport::ConnectionHandler,
                           public std::enable_shared_from_this<ChannelCore> {
  public:
-  ChannelCore(std::string target, std::shared_ptr<transport::Connection> conn)
-      : target_(std::move(target)),
-        conn_(std::move(conn)),
-        executor_(conn_->executor()),
-        keepalive_timer_(executor_) {}
+  // kHandshaking: connected, waiting for the server's SETTINGS. kDraining: the server sent GOAWAY;
+  // calls in flight finish, new ones are not sent there. kDown: no connection, reconnect pending
+  // (or not, with reconnect off). kShutdown: closed by the user; final.
+  enum class State { kHandshaking, kReady, kDraining, kDown, kShutdown };
 
-  // Starts the keepalive loop (see ChannelOptions). Call once, on the channel's executor.
-  void StartKeepalive(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
-    if (interval.count() <= 0) return;
-    keepalive_interval_ = interval;
-    keepalive_timeout_ = timeout;
-    ScheduleKeepalive(interval);
+  ChannelCore(std::string target, transport::Executor ex, ChannelOptions options)
+      : target_(std::move(target)),
+        executor_(std::move(ex)),
+        options_(std::move(options)),
+        keepalive_(executor_),
+        handshake_timer_(executor_),
+        reconnect_timer_(executor_),
+        rng_(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this))) {
+    backoff_ = options_.reconnect_backoff_initial;
   }
 
   const transport::Executor& executor() const { return executor_; }
 
+  // Takes a freshly connected transport connection and waits for the server's SETTINGS (or its
+  // refusal) in the background.
+  void Adopt(std::shared_ptr<transport::Connection> conn) {
+    conn_ = std::move(conn);
+    state_ = State::kHandshaking;
+    goaway_.reset();
+    conn_->Start(shared_from_this());
+    handshake_timer_.expires_after(std::chrono::milliseconds(options_.transport.connect_timeout_ms));
+    std::weak_ptr<ChannelCore> weak = shared_from_this();
+    handshake_timer_.async_wait([weak](boost::system::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->state_ != State::kHandshaking || !self->conn_) return;
+      self->last_error_ = Status(StatusCode::kUnavailable,
+                                 "no SETTINGS from " + self->target_ + " within the connect timeout");
+      self->conn_->Close();
+    });
+  }
+
+  // For Channel::Connect: waits until the handshake of the first connection has an outcome.
+  asio::awaitable<Status> AwaitFirstConnection() {
+    while (state_ == State::kHandshaking) {
+      ready_waiter_ = true;
+      first_ready_.expires_at(asio::steady_timer::time_point::max());
+      co_await first_ready_.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    ready_waiter_ = false;
+    if (state_ == State::kReady) co_return Status();
+    co_return last_error_.ok() ? Status(StatusCode::kUnavailable, "connection to " + target_ + " lost")
+                               : last_error_;
+  }
+
   asio::awaitable<Status> Call(const MethodInfo& method,
                                const google::protobuf::MessageLite& request,
                                google::protobuf::MessageLite& reply, const CallOptions& options) {
-    if (closed_) {
-      co_return Status(StatusCode::kUnavailable,
-                       "channel to " + target_ + " is closed: " + close_reason_);
+    if (state_ == State::kShutdown) {
+      co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
     }
-    auto self = shared_from_this();  // the connection may close while we wait
+    auto self = shared_from_this();  // the channel may be dropped while we wait
+    auto deadline = options.deadline;
+    if (options.timeout.count() > 0) {
+      deadline = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       options.timeout));
+    }
     const uint32_t index = AllocSlot();
     Slot& slot = *slots_[index];
     slot.reply = &reply;
-    slot.done = false;
-    const uint64_t call_id = (static_cast<uint64_t>(slot.generation) << 32) | index;
+    slot.wait_for_ready = options.wait_for_ready;
 
+    // Admission: a ready connection with room under the concurrency limit, else wait in order
+    // (or fail at once when not connected, unless the caller asked to wait for readiness).
+    while (!(state_ == State::kReady && waiting_.empty() && HasRoom())) {
+      if (Status s = NotAdmitted(slot); !s.ok()) {
+        FreeSlot(index);
+        co_return s;
+      }
+      EnqueueWaiter(&slot);
+      slot.timer.expires_at(deadline);
+      co_await slot.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      const bool woken = !slot.queued;
+      if (!woken) RemoveWaiter(&slot);
+      Status gave_up = GaveUp(deadline, options, woken);
+      if (!gave_up.ok()) {
+        FreeSlot(index);
+        WakeWaiters();  // pass on any room this call was woken for
+        co_return gave_up;
+      }
+      if (state_ == State::kReady && HasRoom()) break;
+      // Woken but the room went to someone else, or the connection went down meanwhile.
+    }
+
+    const uint64_t call_id = (static_cast<uint64_t>(slot.generation) << 32) | index;
     FrameHeader h;
     h.type = FrameType::kRequest;
     h.method_id = method.id;
     h.call_id = call_id;
-    auto deadline = ServerContext::Clock::time_point::max();
-    if (options.timeout.count() > 0) {
-      deadline = ServerContext::Clock::now() + options.timeout;
-      h.timeout_us = std::max<uint64_t>(
-          1, std::chrono::duration_cast<std::chrono::microseconds>(options.timeout).count());
+    if (deadline != Clock::time_point::max()) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+      h.timeout_us = std::max<int64_t>(1, left.count());
     }
     internal::FrameWriter writer(h, options.metadata.empty() ? nullptr : &options.metadata,
                                  &request);
     if (writer.size() > conn_->max_message_bytes()) {
       FreeSlot(index);
+      WakeWaiters();
       co_return Status(StatusCode::kResourceExhausted,
                        "request of " + std::to_string(writer.size()) +
                            " bytes exceeds the message limit of " +
@@ -79,6 +141,8 @@ class ChannelCore final : public transport::ConnectionHandler,
       FreeSlot(index);
       co_return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closed");
     }
+    slot.sent = true;
+    ++in_flight_;
     slot.timer.expires_at(deadline);
     co_await slot.timer.async_wait(asio::as_tuple(asio::use_awaitable));
     Status status;
@@ -90,12 +154,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
       SendCancel(call_id);
     } else {
-      status = Status(StatusCode::kDeadlineExceeded,
-                      "no reply from " + target_ + " within " +
-                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                             options.timeout)
-                                             .count()) +
-                          " ms");
+      status = DeadlineStatus(options);
       SendCancel(call_id);
     }
     FreeSlot(index);
@@ -103,13 +162,12 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   void OnMessage(std::span<const std::byte> message) override {
-    last_heard_ = std::chrono::steady_clock::now();
+    keepalive_.Heard();
     DecodedFrame f;
     std::string err = DecodeFrame(message, &f);
     if (!err.empty()) {
       spdlog::warn("channel {}: malformed frame from server: {}; closing", target_, err);
-      FailAll("server sent a malformed frame: " + err);
-      conn_->Close();
+      LoseConnection("server sent a malformed frame: " + err);
       return;
     }
     switch (f.header.type) {
@@ -119,20 +177,46 @@ class ChannelCore final : public transport::ConnectionHandler,
       case FrameType::kPing:
         internal::SendPong(*conn_, f.header.call_id);
         break;
+      case FrameType::kSettings:
+        OnSettings(f);
+        break;
+      case FrameType::kGoAway:
+        OnGoAway(f);
+        break;
       default:
-        // PONG, GOAWAY and others are not used by this version's client; ignoring them is
-        // what the protocol asks of a peer that does not act on a frame type.
+        // PONG needs no action beyond keepalive_.Heard(); a peer ignores frame types it does not
+        // act on, as the protocol asks.
         break;
     }
   }
 
   void OnClose(const transport::Error& reason) override {
-    FailAll(reason.message);
-    keepalive_timer_.cancel();
+    keepalive_.Stop();
+    handshake_timer_.cancel();
     conn_.reset();  // breaks the connection <-> handler cycle
+    FailSent(reason.message);
+    if (last_error_.ok() || state_ == State::kReady || state_ == State::kDraining) {
+      last_error_ = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + reason.message);
+    }
+    const State before = state_;
+    if (state_ != State::kShutdown) state_ = State::kDown;
+    if (ready_waiter_) first_ready_.cancel();
+    WakeWaiters();  // fail-fast waiters fail now; wait-for-ready ones wait for the reconnect
+    if (state_ == State::kShutdown || !options_.reconnect || !started_) return;
+    if (before == State::kReady || before == State::kDraining) {
+      ScheduleReconnect(std::chrono::milliseconds(0));  // it worked a moment ago: try at once
+    } else {
+      ScheduleReconnect(NextBackoff());
+    }
   }
 
+  // Asks the channel to close for good (Channel::Close).
   void Close() {
+    if (state_ == State::kShutdown) return;
+    state_ = State::kShutdown;
+    last_error_ = Status(StatusCode::kUnavailable, "channel to " + target_ + " was closed");
+    reconnect_timer_.cancel();
+    WakeWaiters();
     if (conn_) conn_->Close();
   }
 
@@ -140,24 +224,141 @@ class ChannelCore final : public transport::ConnectionHandler,
   // of the connection now instead of in OnClose, which may never run if the loop stops first;
   // the connection <-> handler reference cycle would otherwise leak both (found by LSan).
   void Shutdown() {
-    keepalive_timer_.cancel();
-    FailAll("channel destroyed");
-    if (conn_) {
-      conn_->Close();
-      conn_.reset();
-    }
+    Close();
+    keepalive_.Stop();
+    handshake_timer_.cancel();
+    FailSent("channel destroyed");
+    if (conn_) conn_.reset();
   }
 
+  // From Channel::Connect once the first connection is up: later losses reconnect.
+  void MarkStarted() { started_ = true; }
+
  private:
+  using Clock = std::chrono::steady_clock;
+
   struct Slot {
     explicit Slot(const transport::Executor& ex) : timer(ex) {}
-    asio::steady_timer timer;  // waits for the deadline; cancelled to wake the caller
+    asio::steady_timer timer;  // waits for room or for the deadline; cancelled to wake the caller
     google::protobuf::MessageLite* reply = nullptr;
     Status status;
+    Slot* prev = nullptr;  // in waiting_, while queued
+    Slot* next = nullptr;
     uint32_t generation = 1;
     bool active = false;
+    bool queued = false;  // in waiting_
+    bool sent = false;    // on the wire; counted in in_flight_
     bool done = false;
+    bool wait_for_ready = false;
   };
+
+  // An intrusive FIFO of the calls waiting for room or for the connection (no allocation).
+  struct WaitList {
+    Slot* head = nullptr;
+    Slot* tail = nullptr;
+    bool empty() const { return head == nullptr; }
+  };
+
+  uint32_t Limit() const {
+    const uint32_t a = server_limit_, b = options_.max_concurrent_calls;
+    if (a == 0) return b;
+    if (b == 0) return a;
+    return std::min(a, b);
+  }
+  bool HasRoom() const { return Limit() == 0 || in_flight_ < Limit(); }
+
+  // Why a call that cannot go now must not wait either; OK when it may wait.
+  Status NotAdmitted(const Slot& slot) const {
+    if (state_ == State::kShutdown) {
+      return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
+    }
+    if (state_ == State::kReady || slot.wait_for_ready) return Status();
+    if (state_ == State::kHandshaking) return Status();  // ready in a moment, or down
+    if (state_ == State::kDraining) {
+      return Status(StatusCode::kUnavailable,
+                    "server " + target_ + " is going away" +
+                        (goaway_ ? ": " + goaway_->message() : std::string()));
+    }
+    return last_error_.ok() ? Status(StatusCode::kUnavailable, target_ + " is not connected")
+                            : Status(StatusCode::kUnavailable, last_error_.message() +
+                                                                   " (reconnecting)");
+  }
+
+  // After a wait: the reason to stop waiting (deadline, cancellation), or OK to try again.
+  Status GaveUp(Clock::time_point deadline, const CallOptions& options, bool woken) {
+    if (!woken && deadline != Clock::time_point::max() && Clock::now() >= deadline) {
+      return DeadlineStatus(options);
+    }
+    if (!woken) {
+      return Status(StatusCode::kCancelled,
+                    "call to " + target_ + " cancelled by the caller while waiting to be sent");
+    }
+    if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
+      return DeadlineStatus(options);
+    }
+    return Status();
+  }
+
+  Status DeadlineStatus(const CallOptions& options) const {
+    if (options.timeout.count() > 0) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "no reply from " + target_ + " within " +
+                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           options.timeout)
+                                           .count()) +
+                        " ms");
+    }
+    return Status(StatusCode::kDeadlineExceeded,
+                  "no reply from " + target_ + " before the deadline");
+  }
+
+  void EnqueueWaiter(Slot* s) {
+    s->queued = true;
+    s->next = nullptr;
+    s->prev = waiting_.tail;
+    if (waiting_.tail) {
+      waiting_.tail->next = s;
+    } else {
+      waiting_.head = s;
+    }
+    waiting_.tail = s;
+  }
+
+  void RemoveWaiter(Slot* s) {
+    if (s->prev) {
+      s->prev->next = s->next;
+    } else {
+      waiting_.head = s->next;
+    }
+    if (s->next) {
+      s->next->prev = s->prev;
+    } else {
+      waiting_.tail = s->prev;
+    }
+    s->prev = s->next = nullptr;
+    s->queued = false;
+  }
+
+  // Wakes the waiters that can make progress: as many as there is room for when ready; those
+  // that must fail (connection down and not waiting for readiness, channel closed) otherwise.
+  void WakeWaiters() {
+    uint32_t room = ~0u;
+    if (state_ == State::kReady && Limit() != 0) {
+      room = in_flight_ < Limit() ? Limit() - in_flight_ : 0;
+    }
+    for (Slot* s = waiting_.head; s && room > 0;) {
+      Slot* next = s->next;
+      const bool may_go = state_ == State::kReady;
+      const bool must_fail =
+          state_ == State::kShutdown || (!s->wait_for_ready && state_ != State::kHandshaking);
+      if (may_go || must_fail) {
+        RemoveWaiter(s);
+        s->timer.cancel();
+        if (may_go) --room;
+      }
+      s = next;
+    }
+  }
 
   uint32_t AllocSlot() {
     uint32_t index;
@@ -168,17 +369,28 @@ class ChannelCore final : public transport::ConnectionHandler,
       index = static_cast<uint32_t>(slots_.size());
       slots_.push_back(std::make_unique<Slot>(executor_));
     }
-    slots_[index]->active = true;
+    Slot& s = *slots_[index];
+    s.active = true;
+    s.done = s.sent = s.queued = false;
     return index;
   }
 
   void FreeSlot(uint32_t index) {
     Slot& s = *slots_[index];
-    s.active = false;
+    if (s.queued) RemoveWaiter(&s);
+    const bool was_sent = s.sent;
+    if (s.sent) --in_flight_;
+    s.active = s.sent = false;
     s.reply = nullptr;
     s.status = Status();
     ++s.generation;
     free_.push_back(index);
+    if (!was_sent) return;
+    if (state_ == State::kDraining && in_flight_ == 0 && conn_) {
+      conn_->Close();  // the server is going away and we owe it nothing more
+      return;
+    }
+    if (!waiting_.empty()) WakeWaiters();
   }
 
   void OnResponse(const DecodedFrame& f) {
@@ -186,7 +398,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
     if (index >= slots_.size()) return;
     Slot& s = *slots_[index];
-    if (!s.active || s.done || s.generation != gen) return;  // late reply to a finished call
+    if (!s.active || !s.sent || s.done || s.generation != gen) return;  // late reply
     const auto code = static_cast<StatusCode>(f.header.status);
     if (code == StatusCode::kOk) {
       if (s.reply->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
@@ -203,6 +415,65 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.timer.cancel();
   }
 
+  void OnSettings(const DecodedFrame& f) {
+    Settings settings;
+    if (std::string err = DecodeSettings(f.payload, &settings); !err.empty()) {
+      LoseConnection("server sent bad SETTINGS: " + err);
+      return;
+    }
+    server_limit_ = settings.max_concurrent_calls;
+    if (state_ != State::kHandshaking) {
+      WakeWaiters();  // the limit may have grown
+      return;
+    }
+    handshake_timer_.cancel();
+    state_ = State::kReady;
+    backoff_ = options_.reconnect_backoff_initial;
+    last_error_ = Status();
+    std::weak_ptr<ChannelCore> weak = weak_from_this();
+    keepalive_.Start(
+        weak, options_.keepalive_interval, options_.keepalive_timeout,
+        [weak] {
+          auto self = weak.lock();
+          if (!self || !self->conn_) return;
+          FrameHeader h;
+          h.type = FrameType::kPing;
+          h.call_id = ++self->pings_;
+          self->conn_->Send(internal::FrameWriter(h, std::string_view()));
+        },
+        [weak](std::string why) {
+          auto self = weak.lock();
+          if (!self) return;
+          spdlog::warn("channel {}: {}; closing", self->target_, why);
+          self->LoseConnection(why);
+        });
+    if (ready_waiter_) first_ready_.cancel();
+    WakeWaiters();
+  }
+
+  // GOAWAY: the server is shutting down (UNAVAILABLE) or turned this connection away
+  // (RESOURCE_EXHAUSTED at its connection limit). Calls already sent finish; new ones are not
+  // sent on this connection, which we close once nothing is left on it.
+  void OnGoAway(const DecodedFrame& f) {
+    auto code = static_cast<StatusCode>(f.header.status);
+    if (code == StatusCode::kOk) code = StatusCode::kUnavailable;
+    goaway_ = Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
+                                       std::min<size_t>(f.payload.size(), 4096)));
+    spdlog::info("channel {}: GOAWAY from server: {}", target_, goaway_->ToString());
+    if (state_ == State::kHandshaking) {
+      last_error_ = *goaway_;
+      handshake_timer_.cancel();
+      conn_->Close();
+      return;
+    }
+    if (state_ != State::kReady) return;
+    state_ = State::kDraining;
+    last_error_ = Status(StatusCode::kUnavailable, "server " + target_ + " is going away: " +
+                                                       goaway_->message());
+    WakeWaiters();
+    if (in_flight_ == 0) conn_->Close();
+  }
+
   void SendCancel(uint64_t call_id) {
     if (!conn_ || conn_->closed()) return;
     FrameHeader h;
@@ -211,12 +482,18 @@ class ChannelCore final : public transport::ConnectionHandler,
     conn_->Send(internal::FrameWriter(h, std::string_view()));
   }
 
-  void FailAll(const std::string& why) {
-    if (closed_) return;
-    closed_ = true;
-    close_reason_ = why;
+  // The connection cannot be trusted or the server is silent: fail what is on it and close it
+  // (OnClose follows and reconnects).
+  void LoseConnection(const std::string& why) {
+    last_error_ = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
+    FailSent(why);
+    if (conn_) conn_->Close();
+  }
+
+  // Fails every call on the wire with UNAVAILABLE (their replies can no longer come).
+  void FailSent(const std::string& why) {
     for (auto& s : slots_) {
-      if (s->active && !s->done) {
+      if (s->active && s->sent && !s->done) {
         s->status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
         s->done = true;
         s->timer.cancel();
@@ -224,62 +501,74 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
   }
 
-  // One timer per channel: wakes every interval; sends a PING when the server has been quiet for
-  // an interval, and gives up on it when still nothing has arrived `timeout` after the PING.
-  void ScheduleKeepalive(std::chrono::steady_clock::duration after) {
-    keepalive_timer_.expires_after(after);
+  std::chrono::milliseconds NextBackoff() {
+    // +-20% jitter so that many clients of one restarted server do not reconnect in lockstep.
+    std::uniform_real_distribution<double> jitter(0.8, 1.2);
+    const auto delay = std::chrono::milliseconds(
+        static_cast<int64_t>(static_cast<double>(backoff_.count()) * jitter(rng_)));
+    backoff_ = std::min(options_.reconnect_backoff_max,
+                        std::chrono::milliseconds(static_cast<int64_t>(backoff_.count() * 1.6)));
+    return delay;
+  }
+
+  void ScheduleReconnect(std::chrono::milliseconds delay) {
+    reconnect_timer_.expires_after(delay);
     std::weak_ptr<ChannelCore> weak = shared_from_this();
-    keepalive_timer_.async_wait([weak](boost::system::error_code ec) {
+    reconnect_timer_.async_wait([weak](boost::system::error_code ec) {
       auto self = weak.lock();
-      if (ec || !self || self->closed_ || !self->conn_) return;
-      self->KeepaliveTick();
+      if (ec || !self || self->state_ != State::kDown) return;
+      asio::co_spawn(self->executor_, Reconnect(weak), asio::detached);
     });
   }
 
-  void KeepaliveTick() {
-    using Duration = std::chrono::steady_clock::duration;
-    const auto now = std::chrono::steady_clock::now();
-    // While a PING is unanswered, look often enough to notice the timeout soon after it passes.
-    const Duration watch = std::min<Duration>(keepalive_interval_, keepalive_timeout_) / 4;
-    if (ping_sent_ && last_heard_ >= *ping_sent_) ping_sent_.reset();  // something arrived
-    if (ping_sent_) {
-      if (now - *ping_sent_ < keepalive_timeout_) {
-        ScheduleKeepalive(watch);
-        return;
-      }
-      const std::string why = "no reply to a keepalive ping within " +
-                              std::to_string(keepalive_timeout_.count()) + " ms";
-      spdlog::warn("channel {}: {}; closing", target_, why);
-      FailAll(why);
-      conn_->Close();
-      return;
+  static asio::awaitable<void> Reconnect(std::weak_ptr<ChannelCore> weak) {
+    std::string target;
+    transport::Executor ex;
+    transport::Options options;
+    {
+      auto self = weak.lock();
+      if (!self) co_return;
+      target = self->target_;
+      ex = self->executor_;
+      options = self->options_.transport;
     }
-    const Duration quiet = now - last_heard_;
-    if (quiet < keepalive_interval_) {
-      // Sleep until the connection could first have been quiet for a whole interval.
-      ScheduleKeepalive(keepalive_interval_ - quiet + std::chrono::milliseconds(1));
-      return;
+    auto conn = co_await transport::Connect(target, ex, options);
+    auto self = weak.lock();
+    if (!self || self->state_ != State::kDown) {
+      if (conn.ok()) conn.value()->Close();
+      co_return;
     }
-    FrameHeader h;
-    h.type = FrameType::kPing;
-    h.call_id = ++pings_;
-    conn_->Send(internal::FrameWriter(h, std::string_view()));
-    ping_sent_ = now;
-    ScheduleKeepalive(watch);
+    if (!conn.ok()) {
+      self->last_error_ = Status(StatusCode::kUnavailable, conn.error().message);
+      spdlog::debug("channel {}: reconnect failed: {}", target, conn.error().message);
+      self->ScheduleReconnect(self->NextBackoff());
+      co_return;
+    }
+    spdlog::info("channel {}: reconnected", target);
+    self->Adopt(std::move(conn.value()));
   }
 
   std::string target_;
-  std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
-  asio::steady_timer keepalive_timer_;
-  std::chrono::milliseconds keepalive_interval_{0}, keepalive_timeout_{0};
-  std::chrono::steady_clock::time_point last_heard_ = std::chrono::steady_clock::now();
-  std::optional<std::chrono::steady_clock::time_point> ping_sent_;
+  ChannelOptions options_;
+  std::shared_ptr<transport::Connection> conn_;
+  State state_ = State::kDown;
+  bool started_ = false;
+  Status last_error_;
+  std::optional<Status> goaway_;
+  uint32_t server_limit_ = 0;
+  uint32_t in_flight_ = 0;
+  Keepalive keepalive_;
   uint64_t pings_ = 0;
+  asio::steady_timer handshake_timer_;
+  asio::steady_timer first_ready_{executor_};
+  bool ready_waiter_ = false;
+  asio::steady_timer reconnect_timer_;
+  std::chrono::milliseconds backoff_;
+  std::minstd_rand rng_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<uint32_t> free_;
-  bool closed_ = false;
-  std::string close_reason_;
+  WaitList waiting_;
 };
 
 }  // namespace internal
@@ -321,9 +610,14 @@ asio::awaitable<Result<std::shared_ptr<Channel>>> Channel::Connect(std::string u
   auto ex = co_await asio::this_coro::executor;
   auto conn = co_await transport::Connect(uri, ex, options.transport);
   if (!conn.ok()) co_return Status(StatusCode::kUnavailable, conn.error().message);
-  auto core = std::make_shared<internal::ChannelCore>(uri, conn.value());
-  conn.value()->Start(core);
-  core->StartKeepalive(options.keepalive_interval, options.keepalive_timeout);
+  auto core = std::make_shared<internal::ChannelCore>(uri, ex, std::move(options));
+  core->Adopt(conn.value());
+  Status ready = co_await core->AwaitFirstConnection();
+  if (!ready.ok()) {
+    core->Shutdown();
+    co_return ready;
+  }
+  core->MarkStarted();
   co_return std::shared_ptr<Channel>(new Channel(uri, ex, std::move(core), nullptr));
 }
 

@@ -5,9 +5,11 @@
 // awaited from coroutines on any executor: from elsewhere they hop to the channel's executor and
 // back. The blocking API (Run, BlockingStub) must not be used from the channel's own thread.
 //
-// Errors: every call completes with a Status, never hangs: UNAVAILABLE once the connection is
-// gone, DEADLINE_EXCEEDED when the timeout passes, RESOURCE_EXHAUSTED for an oversized request,
-// or whatever the server's handler returned.
+// Errors: every call completes with a Status, never hangs: UNAVAILABLE when the connection is
+// gone (calls in flight on it fail; the channel reconnects in the background, see
+// ChannelOptions), DEADLINE_EXCEEDED when the timeout passes, RESOURCE_EXHAUSTED for an
+// oversized request, or whatever the server's handler returned. A failed call is never retried
+// by the channel: it may or may not have run on the server.
 //
 // Cancellation: a call is cancelled with Asio's per-operation cancellation (a cancellation slot
 // bound to the co_await, e.g. asio::bind_cancellation_slot, or the awaitable operators' `||`).
@@ -40,6 +42,18 @@ struct ChannelOptions {
   // and every call in flight fails with UNAVAILABLE. Zero interval = off (the default).
   std::chrono::milliseconds keepalive_interval{0};
   std::chrono::milliseconds keepalive_timeout{5000};
+  // Reconnect: after a lost connection (server restarted, keepalive timeout, GOAWAY) the channel
+  // connects again in the background: at once, then after reconnect_backoff_initial, growing
+  // 1.6x per failure (+-20% jitter) up to reconnect_backoff_max. Meanwhile calls fail at once
+  // with UNAVAILABLE, or wait if they set CallOptions::wait_for_ready. false = a lost connection
+  // is final (every later call fails with UNAVAILABLE).
+  bool reconnect = true;
+  std::chrono::milliseconds reconnect_backoff_initial{100};
+  std::chrono::milliseconds reconnect_backoff_max{5000};
+  // The most calls this channel keeps in flight; more wait their turn, in order, within their
+  // deadlines (backpressure, not failure). The server's per-connection limit applies as well and
+  // the smaller one wins. 0 = only the server's.
+  uint32_t max_concurrent_calls = 0;
 };
 
 namespace internal {
@@ -48,10 +62,18 @@ class ChannelCore;
 
 class Channel {
  public:
-  // Connects to `uri` ("tcp://host:port" or "rdma://host:port"); the channel lives on the
-  // calling coroutine's executor, whose io_context must be run by a single thread.
+  // Connects to `uri` ("tcp://host:port" or "rdma://host:port") and waits for the server's
+  // SETTINGS; the channel lives on the calling coroutine's executor, whose io_context must be
+  // run by a single thread. Fails with UNAVAILABLE when the server cannot be reached or refuses
+  // us (the reason says which, e.g. a wrong secret), RESOURCE_EXHAUSTED when the server is at its
+  // connection limit.
   static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(
-      std::string uri, ChannelOptions options = {});
+      std::string uri, ChannelOptions options);
+  // (An overload, not a default argument: GCC 12 destroys a coroutine's defaulted class-type
+  // argument twice.)
+  static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(std::string uri) {
+    return Connect(std::move(uri), ChannelOptions{});
+  }
 
   // Connects from ordinary (non-coroutine) code; the channel gets its own event-loop thread.
   static Result<std::shared_ptr<Channel>> ConnectBlocking(std::string uri,

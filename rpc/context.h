@@ -9,13 +9,27 @@
 
 namespace rdmarpc {
 
+class ServerContext;
+
 // Options for one call. Copyable value; `{}` means no deadline and no metadata.
 struct CallOptions {
   // Time allowed for the whole call; zero or negative means no deadline. When it passes, the
   // call fails with DEADLINE_EXCEEDED and the server is told to stop working on it.
   std::chrono::nanoseconds timeout{0};
+  // An absolute deadline (steady clock); max() = none. When both this and `timeout` are set, the
+  // earlier one applies. Set by Inherit() for calls made from inside a handler.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // Key/value pairs delivered to the handler's ServerContext.
   Metadata metadata;
+  // When the channel is not connected (reconnecting after a lost connection, or the server sent
+  // GOAWAY), false fails the call at once with UNAVAILABLE; true waits, within the deadline, for
+  // the channel to be ready again.
+  bool wait_for_ready = false;
+
+  // For a call made while handling another: takes over the caller's deadline, so that the
+  // nested call gives up no later than the call it serves (a shorter own timeout still applies).
+  // Cancellation needs nothing: cancelling the handler cancels what it awaits, nested calls too.
+  CallOptions& Inherit(const ServerContext& parent);
 };
 
 // What a handler knows about the call it serves. Owned by the runtime; valid for the whole
@@ -65,5 +79,10 @@ class ServerContext {
   Metadata metadata_;
   bool cancelled_ = false;
 };
+
+inline CallOptions& CallOptions::Inherit(const ServerContext& parent) {
+  if (parent.has_deadline() && parent.deadline() < deadline) deadline = parent.deadline();
+  return *this;
+}
 
 }  // namespace rdmarpc

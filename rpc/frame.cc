@@ -35,6 +35,7 @@ const char* FrameTypeName(FrameType t) {
     case FrameType::kPing: return "PING";
     case FrameType::kPong: return "PONG";
     case FrameType::kGoAway: return "GOAWAY";
+    case FrameType::kSettings: return "SETTINGS";
   }
   return "UNKNOWN";
 }
@@ -63,7 +64,7 @@ std::string DecodeFrame(std::span<const std::byte> m, DecodedFrame* out) {
   FrameHeader& h = out->header;
   const uint8_t type = static_cast<uint8_t>(m[2]);
   if (type < static_cast<uint8_t>(FrameType::kRequest) ||
-      type > static_cast<uint8_t>(FrameType::kGoAway)) {
+      type > static_cast<uint8_t>(FrameType::kSettings)) {
     return "unknown frame type " + std::to_string(type);
   }
   h.type = static_cast<FrameType>(type);
@@ -113,6 +114,20 @@ std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out) {
     out->emplace_back(std::string(p, klen), std::string(p + klen, vlen));
     at += klen + vlen;
   }
+  return "";
+}
+
+void EncodeSettings(const Settings& s, std::byte* dst) {
+  Put<uint32_t>(dst, s.max_concurrent_calls);
+  Put<uint32_t>(dst + 4, 0);
+}
+
+std::string DecodeSettings(std::span<const std::byte> payload, Settings* out) {
+  if (payload.size() < kSettingsBytes) {
+    return "SETTINGS payload of " + std::to_string(payload.size()) + " bytes, need " +
+           std::to_string(kSettingsBytes);
+  }
+  out->max_concurrent_calls = Get<uint32_t>(payload.data());
   return "";
 }
 

@@ -28,6 +28,7 @@ enum class FrameType : uint8_t {
   kPing = 4,
   kPong = 5,
   kGoAway = 6,
+  kSettings = 7,
 };
 
 struct FrameHeader {
@@ -62,5 +63,16 @@ void EncodeMetadata(const Metadata& md, std::byte* dst);
 std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out);
 
 const char* FrameTypeName(FrameType t);
+
+// The payload of the SETTINGS frame a server sends first on every connection: u32 the most
+// calls it runs at once for this connection (0 = no limit), u32 reserved. A client waits for it
+// before its first call and keeps within the limit.
+struct Settings {
+  uint32_t max_concurrent_calls = 0;
+};
+inline constexpr size_t kSettingsBytes = 8;
+void EncodeSettings(const Settings& s, std::byte* dst);
+// Returns an empty string on success, else what is wrong.
+std::string DecodeSettings(std::span<const std::byte> payload, Settings* out);
 
 }  // namespace rdmarpc

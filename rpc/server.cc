@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <condition_variable>
 #include <future>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <unordered_set>
 
 #include "rpc/frame_writer.h"
+#include "rpc/keepalive.h"
 
 namespace rdmarpc {
 namespace asio = boost::asio;
@@ -41,6 +43,7 @@ struct ServerCore {
   std::atomic<bool> draining{false};
   std::atomic<bool> stopped{false};
   std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> connections{0};  // served, not counting those turned away
 
   std::mutex mu;  // guards shutdown hand-off between threads (set-up path only)
   std::condition_variable cv;
@@ -56,21 +59,84 @@ class ServerConnection final : public transport::ConnectionHandler,
                                public std::enable_shared_from_this<ServerConnection> {
  public:
   ServerConnection(ServerCore* core, IoThread* thread, std::shared_ptr<transport::Connection> conn)
-      : core_(core), thread_(thread), conn_(std::move(conn)), peer_(conn_->peer()) {}
+      : core_(core),
+        thread_(thread),
+        conn_(std::move(conn)),
+        executor_(conn_->executor()),
+        peer_(conn_->peer()),
+        keepalive_(executor_) {}
 
   const transport::Executor& executor() const override { return executor_; }
 
+  // Starts serving: SETTINGS first, so that the client knows its limits before its first call.
+  // Over the connection limit, the client is told so with GOAWAY instead and the connection is
+  // closed (by the client on reading it, or by us a moment later).
   void Begin() {
-    executor_ = conn_->executor();
     thread_->connections.insert(shared_from_this());
     conn_->Start(shared_from_this());
+    const int64_t max = core_->options.max_connections;
+    if (max > 0 && core_->connections.fetch_add(1) >= max) {
+      core_->connections.fetch_sub(1);
+      spdlog::warn("server: turning {} away: at the limit of {} connections", peer_, max);
+      SendGoAway(Status(StatusCode::kResourceExhausted,
+                        "server is at its limit of " + std::to_string(max) + " connections"));
+      auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));
+      timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
+        self->Close();
+      });
+      return;
+    }
+    if (max <= 0) core_->connections.fetch_add(1);
+    counted_ = true;
+    Settings settings;
+    settings.max_concurrent_calls = core_->options.max_concurrent_calls_per_connection;
+    std::byte payload[kSettingsBytes];
+    EncodeSettings(settings, payload);
+    FrameHeader h;
+    h.type = FrameType::kSettings;
+    conn_->Send(FrameWriter(
+        h, std::string_view(reinterpret_cast<const char*>(payload), sizeof payload)));
+    std::weak_ptr<ServerConnection> weak = shared_from_this();
+    keepalive_.Start(
+        weak, core_->options.keepalive_interval, core_->options.keepalive_timeout,
+        [weak] {
+          auto self = weak.lock();
+          if (!self || !self->conn_) return;
+          FrameHeader ping;
+          ping.type = FrameType::kPing;
+          ping.call_id = ++self->pings_;
+          self->conn_->Send(FrameWriter(ping, std::string_view()));
+        },
+        [weak](std::string why) {
+          auto self = weak.lock();
+          if (!self) return;
+          spdlog::warn("server: client {} is silent ({}); closing its connection", self->peer_,
+                       why);
+          self->Close();
+        });
+    if (core_->draining.load()) SendGoAway(ShuttingDown());
   }
 
   void Close() {
     if (conn_) conn_->Close();
   }
 
+  // Tells the client to send no more calls here (see ChannelCore::OnGoAway). Once per connection.
+  void SendGoAway(const Status& why) {
+    if (goaway_sent_ || !conn_ || conn_->closed()) return;
+    goaway_sent_ = true;
+    FrameHeader h;
+    h.type = FrameType::kGoAway;
+    h.status = static_cast<uint32_t>(why.code());
+    conn_->Send(FrameWriter(h, why.message()));
+  }
+
+  static Status ShuttingDown() {
+    return Status(StatusCode::kUnavailable, "server is shutting down");
+  }
+
   void OnMessage(std::span<const std::byte> message) override {
+    keepalive_.Heard();
     DecodedFrame f;
     std::string err = DecodeFrame(message, &f);
     if (!err.empty()) {
@@ -79,6 +145,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       conn_->Close();
       return;
     }
+    if (!counted_) return;  // turned away: nothing is served
     switch (f.header.type) {
       case FrameType::kRequest:
         OnRequest(f);
@@ -90,14 +157,27 @@ class ServerConnection final : public transport::ConnectionHandler,
         OnCancel(f.header.call_id);
         break;
       default:
-        // Other types are not meant for a server and are ignored, as the protocol specifies.
+        // PONG needs nothing beyond keepalive_.Heard(); other types are not meant for a server
+        // and are ignored, as the protocol specifies.
         break;
     }
   }
 
   void OnClose(const transport::Error& reason) override {
     spdlog::debug("server: connection from {} closed: {}", peer_, reason.message);
+    keepalive_.Stop();
     conn_.reset();
+    if (counted_) core_->connections.fetch_sub(1);
+    counted_ = false;
+    // Nobody is left to answer: cancel what the connection's calls are doing.
+    for (CancelHook* h = running_; h;) {
+      CancelHook* next = h->next;
+      if (!h->context->cancelled()) {
+        h->context->MarkCancelled();
+        h->signal->emit(boost::asio::cancellation_type::terminal);
+      }
+      h = next;
+    }
     thread_->connections.erase(shared_from_this());
   }
 
@@ -118,6 +198,7 @@ class ServerConnection final : public transport::ConnectionHandler,
   void FinishCall(uint64_t call_id, const Status& status,
                   const google::protobuf::MessageLite* reply, bool deliver) override {
     core_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    --calls_;
     if (!deliver) return;  // cancelled by the caller
     if (!conn_ || conn_->closed()) return;  // the caller is gone; nothing to deliver
     FrameHeader h;
@@ -164,7 +245,15 @@ class ServerConnection final : public transport::ConnectionHandler,
     reply.type = FrameType::kResponse;
     reply.call_id = f.header.call_id;
     if (core_->draining.load(std::memory_order_relaxed)) {
-      SendError(reply, Status(StatusCode::kUnavailable, "server is shutting down"));
+      SendError(reply, ShuttingDown());
+      return;
+    }
+    const uint32_t limit = core_->options.max_concurrent_calls_per_connection;
+    if (limit != 0 && calls_ >= limit) {
+      // Our channel never gets here (it waits for room); a client that ignored SETTINGS does.
+      SendError(reply, Status(StatusCode::kResourceExhausted,
+                              "too many concurrent calls on this connection (limit " +
+                                  std::to_string(limit) + ")"));
       return;
     }
     auto it = core_->methods.find(f.header.method_id);
@@ -189,6 +278,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     }
     const MethodEntry* entry = it->second.second;
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
+    ++calls_;
     entry->handler->Start(
         *it->second.first,
         ServerCall(shared_from_this(), f.header.call_id,
@@ -201,6 +291,11 @@ class ServerConnection final : public transport::ConnectionHandler,
   std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
   std::string peer_;
+  Keepalive keepalive_;
+  uint64_t pings_ = 0;
+  uint32_t calls_ = 0;  // running on this connection
+  bool counted_ = false;  // served (false: turned away at the connection limit)
+  bool goaway_sent_ = false;
   CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
 };
 
@@ -300,7 +395,13 @@ void Server::Shutdown() {
   core_->draining = true;
   for (auto& l : core_->listeners) l->Close();
   if (core_->started) {
-    // Drain: let in-flight calls finish (new requests are answered UNAVAILABLE meanwhile).
+    // GOAWAY first, so that clients stop sending here while the calls already running finish.
+    for (auto& t : core_->threads) {
+      asio::post(t->ioc, [th = t.get()] {
+        for (auto& c : th->connections) c->SendGoAway(internal::ServerConnection::ShuttingDown());
+      });
+    }
+    // Drain: let in-flight calls finish (requests that still arrive get UNAVAILABLE).
     const auto until = std::chrono::steady_clock::now() + core_->options.drain_timeout;
     while (core_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -350,5 +451,7 @@ std::vector<std::string> Server::listening_uris() const {
 }
 
 int64_t Server::in_flight_calls() const { return core_->in_flight.load(); }
+
+int64_t Server::connections() const { return core_->connections.load(); }
 
 }  // namespace rdmarpc

@@ -26,6 +26,18 @@ struct ServerOptions {
   std::chrono::milliseconds drain_timeout{5000};
   // Run() returns on SIGINT or SIGTERM (after draining) when true.
   bool handle_signals = false;
+  // The most calls one connection may have running at once. Sent to the client at connection
+  // set-up (SETTINGS), whose channel queues calls beyond it (backpressure, not failure); a client
+  // that ignores it gets RESOURCE_EXHAUSTED for the excess. 0 = no limit.
+  uint32_t max_concurrent_calls_per_connection = 1024;
+  // The most client connections served at once, over all listeners and threads; one more is
+  // turned away with GOAWAY, and its Channel::Connect fails with RESOURCE_EXHAUSTED. 0 = no limit.
+  uint32_t max_connections = 0;
+  // Keepalive towards clients (see ChannelOptions::keepalive_interval): a client silent for the
+  // interval is pinged, and its connection closed when nothing arrives within the timeout; its
+  // running handlers are cancelled. Zero interval = off (the default).
+  std::chrono::milliseconds keepalive_interval{0};
+  std::chrono::milliseconds keepalive_timeout{5000};
 };
 
 namespace internal {
@@ -59,9 +71,11 @@ class Server {
   // Asks a Run() in progress to shut down; returns at once. Safe from handlers and signal context.
   void RequestShutdown();
 
-  // Stops accepting, answers new calls with UNAVAILABLE, waits up to drain_timeout for in-flight
-  // calls, then closes every connection (callers of calls still running get UNAVAILABLE) and
-  // joins the I/O threads. Blocking; do not call from a handler (use RequestShutdown).
+  // Stops accepting, sends GOAWAY on every connection (clients stop sending new calls here and
+  // reconnect elsewhere or later), answers calls that still arrive with UNAVAILABLE, waits up to
+  // drain_timeout for in-flight calls, then closes every connection (callers of calls still
+  // running get UNAVAILABLE) and joins the I/O threads. Blocking; do not call from a handler (use
+  // RequestShutdown).
   void Shutdown();
 
   // The bound URIs of all listeners, in Listen order.
@@ -69,6 +83,8 @@ class Server {
 
   // Calls currently being handled, over all threads.
   int64_t in_flight_calls() const;
+  // Client connections currently served (not counting ones turned away at the limit).
+  int64_t connections() const;
 
  private:
   std::shared_ptr<internal::ServerCore> core_;

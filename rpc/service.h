@@ -156,8 +156,14 @@ class UnaryMethodHandler final : public MethodHandler {
     auto executor = state->call.executor();
     state->call.TrackCancellation(&state->cancel);
     auto slot = state->cancel.slot();
-    boost::asio::co_spawn(executor, Run(invoke_, service, std::move(state)),
-                          boost::asio::bind_cancellation_slot(slot, boost::asio::detached));
+    State* st = state.get();
+    // The completion handler owns the state: the cancellation signal must outlive the spawned
+    // coroutine, whose completion still touches the slot bound to it (a signal freed with the
+    // coroutine was a heap-use-after-free under ASan).
+    boost::asio::co_spawn(
+        executor, Run(invoke_, service, st),
+        boost::asio::bind_cancellation_slot(
+            slot, [owned = std::move(state)](const std::exception_ptr&) mutable {}));
   }
 
  private:
@@ -169,8 +175,7 @@ class UnaryMethodHandler final : public MethodHandler {
     Resp reply;
   };
 
-  static boost::asio::awaitable<void> Run(Invoker invoke, Service& service,
-                                          std::unique_ptr<State> st) {
+  static boost::asio::awaitable<void> Run(Invoker invoke, Service& service, State* st) {
     Status status;
     try {
       status = co_await invoke(service, st->call.context(), st->request, st->reply);

@@ -63,14 +63,38 @@ class TestServiceImpl final : public TestService::Service {
   }
   boost::asio::awaitable<Status> Sleep(ServerContext& ctx, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
+    const int now = ++sleeping;
+    for (int m = max_sleeping.load(); now > m && !max_sleeping.compare_exchange_weak(m, now);) {
+    }
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
                                 std::chrono::milliseconds(req.ms()));
     co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    --sleeping;
     if (ctx.cancelled()) ++cancelled_seen;
     co_return Status();
   }
   // Sleep calls whose handler saw ServerContext::cancelled() when its timer returned.
   std::atomic<int> cancelled_seen{0};
+  // Sleep calls running now, and the most that ever ran at once.
+  std::atomic<int> sleeping{0}, max_sleeping{0};
+  boost::asio::awaitable<Status> Relay(ServerContext& ctx, const RelayRequest& req,
+                                       EchoReply& reply) override {
+    auto ch = co_await Channel::Connect(req.target());
+    if (!ch.ok()) co_return ch.status();
+    TestService::Stub stub(*ch);
+    CallOptions nested;
+    nested.Inherit(ctx);
+    if (req.sleep_ms() > 0) {
+      SleepRequest sleep;
+      sleep.set_ms(req.sleep_ms());
+      auto r = co_await stub.Sleep(sleep, nested);
+      co_return r.status();
+    }
+    auto r = co_await stub.Echo(EchoRequest(), nested);
+    if (!r.ok()) co_return r.status();
+    reply = *r;
+    co_return Status();
+  }
   boost::asio::awaitable<Status> Block(ServerContext&, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms()));
@@ -109,10 +133,14 @@ inline std::string Pattern(size_t n, uint64_t seed) {
 
 // Connects or throws (for tests where a failed connect is not the subject).
 inline boost::asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string uri,
-                                                                    ChannelOptions o = {}) {
+                                                                    ChannelOptions o) {
   auto ch = co_await Channel::Connect(uri, o);
   if (!ch.ok()) throw std::runtime_error("connect failed: " + ch.status().ToString());
   co_return *ch;
+}
+// Not a default argument: GCC 12 destroys a coroutine's defaulted class-type argument twice.
+inline boost::asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string uri) {
+  return MustConnect(std::move(uri), ChannelOptions{});
 }
 
 // Waits on the current executor until `done()` holds or `limit` passes.

@@ -37,6 +37,11 @@ struct Options {
   // Defaults to on when the environment has RDMARPC_BUSY_POLL=1, so that deployments can switch
   // it without recompiling.
   bool busy_poll = BusyPollFromEnvironment();
+  // Shared secret for connection set-up ("" = none). A server with a secret refuses, before any
+  // message flows, a client whose handshake does not carry the same one; a client sends its
+  // secret's SHA-256 digest (never the secret). Not encryption: see transport/handshake.h for
+  // what it does and does not protect.
+  std::string auth_secret;
 
   static bool BusyPollFromEnvironment() {
     const char* v = std::getenv("RDMARPC_BUSY_POLL");

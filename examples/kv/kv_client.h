@@ -22,7 +22,13 @@ class ShardedClient {
  public:
   // Connects to every target ("tcp://host:port" or "rdma://host:port") from the current executor.
   static boost::asio::awaitable<rdmarpc::Result<std::unique_ptr<ShardedClient>>> Connect(
-      std::vector<std::string> targets, rdmarpc::ChannelOptions options = {});
+      std::vector<std::string> targets, rdmarpc::ChannelOptions options);
+  // (An overload, not a default argument: GCC 12 destroys a coroutine's defaulted class-type
+  // argument twice.)
+  static boost::asio::awaitable<rdmarpc::Result<std::unique_ptr<ShardedClient>>> Connect(
+      std::vector<std::string> targets) {
+    return Connect(std::move(targets), rdmarpc::ChannelOptions{});
+  }
 
   // Index into targets() of the server that owns `key`.
   size_t ShardOf(std::string_view key) const;

@@ -27,6 +27,7 @@
 #include <unordered_map>
 
 #include "transport/handler_slot.h"
+#include "transport/handshake.h"
 #include "transport/rdma/ring.h"
 #include "transport/rdma/verbs.h"
 
@@ -72,51 +73,36 @@ constexpr uint32_t kSendBuffersPerSlab = 8;
 // Selective signaling: one signaled send per this many.
 constexpr uint32_t kSignalEvery = 32;
 constexpr int kResolveTimeoutMs = 2000;
-constexpr uint32_t kDescMagic = 0x31435052;  // "RPC1"
-constexpr uint16_t kDescVersion = 1;
-constexpr size_t kDescBytes = 24;
-
-// What each side tells the other in the CM private data: where its receive ring is.
+// What each side tells the other in the CM private data (a handshake Hello): where its receive
+// ring is, and from a client, the authentication token.
 struct RingDescriptor {
   uint64_t addr = 0;
   uint32_t rkey = 0;
   uint32_t bytes = 0;
 };
 
-void EncodeDescriptor(const RingDescriptor& d, uint8_t* out) {
-  auto put32 = [&](size_t at, uint32_t v) { v = htole32(v); std::memcpy(out + at, &v, 4); };
-  auto put16 = [&](size_t at, uint16_t v) { v = htole16(v); std::memcpy(out + at, &v, 2); };
-  put32(0, kDescMagic);
-  put16(4, kDescVersion);
-  put16(6, 0);
-  uint64_t a = htole64(d.addr);
-  std::memcpy(out + 8, &a, 8);
-  put32(16, d.rkey);
-  put32(20, d.bytes);
+void EncodeDescriptor(const RingDescriptor& d, const Authenticator* auth, uint8_t* out) {
+  Hello h;
+  h.ring_addr = d.addr;
+  h.ring_rkey = d.rkey;
+  h.ring_bytes = d.bytes;
+  if (auth) auth->Sign(&h);
+  EncodeHello(h, out);
 }
 
-// Returns an empty string and fills `d`, or says why the bytes are not a valid descriptor.
-std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d) {
-  if (data == nullptr || len < kDescBytes) return "missing or short ring descriptor";
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t magic, rkey, bytes;
-  uint16_t version;
-  uint64_t addr;
-  std::memcpy(&magic, p, 4);
-  std::memcpy(&version, p + 4, 2);
-  std::memcpy(&addr, p + 8, 8);
-  std::memcpy(&rkey, p + 16, 4);
-  std::memcpy(&bytes, p + 20, 4);
-  if (le32toh(magic) != kDescMagic) return "not an rdmarpc peer (bad descriptor magic)";
-  if (le16toh(version) != kDescVersion) {
-    return "unsupported ring protocol version " + std::to_string(le16toh(version));
-  }
-  d->addr = le64toh(addr);
-  d->rkey = le32toh(rkey);
-  d->bytes = le32toh(bytes);
+// Returns an empty string and fills `d` (and `hello`, when given), or says why the bytes are not
+// a valid descriptor.
+std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d,
+                             Hello* hello = nullptr) {
+  Hello h;
+  if (std::string err = DecodeHello(data, len, &h); !err.empty()) return err;
+  d->addr = h.ring_addr;
+  d->rkey = h.ring_rkey;
+  d->bytes = h.ring_bytes;
   if (d->bytes < 4096 || d->bytes % kRecordAlignBytes != 0 || d->bytes > (1u << 30)) {
     return "peer ring size " + std::to_string(d->bytes) + " is not usable";
   }
+  if (hello) *hello = h;
   return "";
 }
 
@@ -745,7 +731,7 @@ std::string SockaddrUri(const sockaddr* sa) {
 rdma_conn_param ConnParam(const uint8_t* desc) {
   rdma_conn_param p{};
   p.private_data = desc;
-  p.private_data_len = kDescBytes;
+  p.private_data_len = kHelloBytes;
   p.responder_resources = 1;
   p.initiator_depth = 1;
   p.retry_count = 7;
@@ -763,6 +749,7 @@ class RdmaListener final : public Listener {
     std::vector<Executor> executors;
     AcceptHandler on_accept;
     Options options;
+    Authenticator auth{""};
     size_t next = 0;
     bool closed = false;
 
@@ -783,13 +770,24 @@ class RdmaListener final : public Listener {
       }
       rdma_cm_id* child = e->id;
       RingDescriptor remote;
-      std::string err =
-          DecodeDescriptor(e->param.conn.private_data, e->param.conn.private_data_len, &remote);
+      Hello hello;
+      std::string err = DecodeDescriptor(e->param.conn.private_data,
+                                         e->param.conn.private_data_len, &remote, &hello);
       std::string peer = SockaddrUri(rdma_get_peer_addr(child));
-      rdma_ack_cm_event(e);
+      // Refused before anything is allocated for the peer, and before it learns any rkey.
+      Refusal refusal = Refusal::kNone;
       if (!err.empty()) {
+        refusal = RefusalForBadHello(e->param.conn.private_data, e->param.conn.private_data_len);
+      } else {
+        refusal = auth.Check(hello);
+        if (refusal != Refusal::kNone) err = RefusalText(refusal);
+      }
+      rdma_ack_cm_event(e);  // the private data is not read after this
+      if (refusal != Refusal::kNone) {
         spdlog::warn("rdma: refusing connection from {}: {}", peer, err);
-        rdma_reject(child, nullptr, 0);
+        uint8_t answer[kAnswerBytes];
+        EncodeAnswer(refusal, answer);
+        rdma_reject(child, answer, kAnswerBytes);
         rdma_destroy_id(child);
         return;
       }
@@ -814,12 +812,14 @@ class RdmaListener final : public Listener {
       if (err.empty()) err = conn->Setup();
       if (!err.empty()) {
         spdlog::warn("rdma: set-up for {} failed: {}", peer, err);
-        rdma_reject(raw, nullptr, 0);
+        uint8_t answer[kAnswerBytes];
+        EncodeAnswer(Refusal::kServerError, answer);
+        rdma_reject(raw, answer, kAnswerBytes);
         co_return;
       }
       conn->SetRemoteRing(remote);
-      uint8_t desc[kDescBytes];
-      EncodeDescriptor(conn->LocalRing(), desc);
+      uint8_t desc[kHelloBytes];
+      EncodeDescriptor(conn->LocalRing(), nullptr, desc);
       rdma_conn_param p = ConnParam(desc);
       if (rdma_accept(conn->id(), &p)) {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
@@ -889,6 +889,7 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   s->executors = executors;
   s->on_accept = std::move(on_accept);
   s->options = options;
+  s->auth = Authenticator(options.auth_secret);
   s->events.reset(rdma_create_event_channel());
   if (!s->events) return Error{what + Errno("rdma_create_event_channel")};
   rdma_cm_id* id = nullptr;
@@ -954,8 +955,9 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   }
   std::string err = conn->Setup();
   if (!err.empty()) co_return Error{what + err};
-  uint8_t desc[kDescBytes];
-  EncodeDescriptor(conn->LocalRing(), desc);
+  const Authenticator auth(options.auth_secret);
+  uint8_t desc[kHelloBytes];
+  EncodeDescriptor(conn->LocalRing(), &auth, desc);
   rdma_conn_param p = ConnParam(desc);
   if (rdma_connect(conn->id(), &p)) co_return Error{what + Errno("rdma_connect")};
   CmEvent ev = co_await conn->NextEvent(options.connect_timeout_ms);
@@ -963,7 +965,15 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
     co_return Error{what + "timed out after " + std::to_string(options.connect_timeout_ms) + " ms"};
   }
   if (ev->event == RDMA_CM_EVENT_REJECTED) {
-    co_return Error{what + "connection refused (nobody listening, or the server rejected us)"};
+    // An rdmarpc server says why in the reject's private data; a bare reject means nobody
+    // listens on that port.
+    Refusal refusal;
+    if (DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len, &refusal)
+            .empty() &&
+        refusal != Refusal::kNone) {
+      co_return Error{what + "refused by the server: " + RefusalText(refusal)};
+    }
+    co_return Error{what + "connection refused (nobody listening on that port)"};
   }
   if (ev->event != RDMA_CM_EVENT_ESTABLISHED) {
     co_return Error{what + rdma_event_str(ev->event) + " (status " + std::to_string(ev->status) + ")"};

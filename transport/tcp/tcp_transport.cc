@@ -15,8 +15,11 @@
 #include <boost/asio/defer.hpp>
 #include <cstring>
 
-#include "transport/handler_slot.h"
+#include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include "transport/handler_slot.h"
+#include "transport/handshake.h"
 
 namespace rdmarpc::transport::tcp {
 namespace asio = boost::asio;
@@ -42,6 +45,17 @@ void StoreLe32(std::byte* p, uint32_t v) {
 std::string EndpointUri(const tcp::endpoint& ep) {
   Endpoint e{Scheme::kTcp, ep.address().to_string(), ep.port()};
   return e.ToUri();
+}
+
+// Reads exactly buffer_size(buf) bytes, or fails with timed_out after `timeout_ms`.
+asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(
+    tcp::socket& sock, asio::mutable_buffer buf, int timeout_ms) {
+  using namespace asio::experimental::awaitable_operators;
+  asio::steady_timer timer(sock.get_executor(), std::chrono::milliseconds(timeout_ms));
+  auto r = co_await (asio::async_read(sock, buf, asio::as_tuple(asio::use_awaitable)) ||
+                     timer.async_wait(asio::as_tuple(asio::use_awaitable)));
+  if (r.index() == 1) co_return std::make_tuple(make_error_code(asio::error::timed_out), size_t{0});
+  co_return std::get<0>(r);
 }
 
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
@@ -194,6 +208,7 @@ class TcpListener final : public Listener {
     std::vector<Executor> executors;
     AcceptHandler on_accept;
     Options options;
+    Authenticator auth{""};
     size_t next = 0;
     std::atomic<bool> closed{false};
   };
@@ -215,13 +230,39 @@ class TcpListener final : public Listener {
         timer->async_wait([s, timer](boost::system::error_code) { AcceptNext(s); });
         return;
       }
-      Executor ex = sock.get_executor();
-      asio::post(ex, [s, sock = std::move(sock)]() mutable {
-        auto conn = std::make_shared<TcpConnection>(std::move(sock), s->options);
-        s->on_accept(std::move(conn));
-      });
+      Executor ex = sock.get_executor();  // the connection's own I/O thread
+      asio::co_spawn(ex, Handshake(s, std::move(sock)), asio::detached);
       AcceptNext(s);
     });
+  }
+
+  // The server's half of the handshake, on the connection's own thread: read the client's
+  // HELLO (bounded by the connect timeout, so a silent peer cannot hold a socket), check it,
+  // answer, and only then hand the connection to the server.
+  static asio::awaitable<void> Handshake(std::shared_ptr<State> s, tcp::socket sock) {
+    boost::system::error_code ec;
+    const auto remote = sock.remote_endpoint(ec);
+    const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
+    uint8_t buf[kHelloBytes];
+    auto [rec, n] = co_await ReadWithin(sock, asio::buffer(buf), s->options.connect_timeout_ms);
+    if (rec) {
+      spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
+      co_return;
+    }
+    Hello hello;
+    Refusal refusal = Refusal::kNone;
+    if (std::string err = DecodeHello(buf, n, &hello); !err.empty()) {
+      spdlog::warn("tcp: refusing connection from {}: {}", peer, err);
+      refusal = RefusalForBadHello(buf, n);
+    } else if (refusal = s->auth.Check(hello); refusal != Refusal::kNone) {
+      spdlog::warn("tcp: refusing connection from {}: {}", peer, RefusalText(refusal));
+    }
+    uint8_t answer[kAnswerBytes];
+    EncodeAnswer(refusal, answer);
+    auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(answer),
+                                                asio::as_tuple(asio::use_awaitable));
+    if (wec || refusal != Refusal::kNone || s->closed) co_return;  // the socket closes here
+    s->on_accept(std::make_shared<TcpConnection>(std::move(sock), s->options));
   }
 
   void Close() override {
@@ -253,6 +294,7 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   state->executors = executors;
   state->on_accept = std::move(on_accept);
   state->options = options;
+  state->auth = Authenticator(options.auth_secret);
   tcp::endpoint ep(addr, endpoint.port);
   auto& a = state->acceptor;
   if (a.open(ep.protocol(), ec); ec) return Error{"tcp listen: socket: " + ec.message()};
@@ -288,6 +330,28 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   }
   auto [cec, ep] = std::get<0>(outcome);
   if (cec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + cec.message()};
+  // The client's half of the handshake: HELLO (with the secret's digest), then the answer.
+  Hello hello;
+  Authenticator(options.auth_secret).Sign(&hello);
+  uint8_t buf[kHelloBytes];
+  EncodeHello(hello, buf);
+  auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(buf),
+                                              asio::as_tuple(asio::use_awaitable));
+  if (wec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + wec.message()};
+  uint8_t answer[kAnswerBytes];
+  auto [rec2, rn] = co_await ReadWithin(socket, asio::buffer(answer), options.connect_timeout_ms);
+  if (rec2) {
+    co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" +
+                    rec2.message() + "); is it an rdmarpc server?"};
+  }
+  Refusal refusal;
+  if (std::string err = DecodeAnswer(answer, rn, &refusal); !err.empty()) {
+    co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
+  }
+  if (refusal != Refusal::kNone) {
+    co_return Error{"connect to " + endpoint.ToUri() + " refused by the server: " +
+                    RefusalText(refusal)};
+  }
   co_return std::shared_ptr<Connection>(std::make_shared<TcpConnection>(std::move(socket), options));
 }
 

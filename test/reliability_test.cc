@@ -1,0 +1,433 @@
+// Reliability and security behaviour (issue 5), each case over every transport of ListenUris()
+// (tcp on the host; rdma in the Soft-RoCE VM suite): authentication, connection and concurrency
+// limits, GOAWAY on shutdown, reconnect with backoff and wait-for-ready, server-side keepalive,
+// deadline inheritance in nested calls, and peers that send garbage through a real transport.
+#include <catch2/catch.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <cstring>
+#include <thread>
+
+#include "rpc/frame.h"
+#include "test/test_util.h"
+#include "transport/transport.h"
+
+namespace asio = boost::asio;
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A peer that speaks the transport (handshake included) but not the RPC protocol: it sends
+// whatever bytes a test gives it and records what comes back. Lives on the test's io_context.
+struct RawPeer final : transport::ConnectionHandler {
+  std::vector<std::string> received;
+  bool closed = false;
+  std::string close_reason;
+  void OnMessage(std::span<const std::byte> m) override {
+    received.emplace_back(reinterpret_cast<const char*>(m.data()), m.size());
+  }
+  void OnClose(const transport::Error& e) override {
+    closed = true;
+    close_reason = e.message;
+  }
+  // The decoded frames of the given type received so far.
+  std::vector<FrameHeader> Frames(FrameType type) const {
+    std::vector<FrameHeader> out;
+    for (const auto& m : received) {
+      DecodedFrame f;
+      if (DecodeFrame(std::as_bytes(std::span(m.data(), m.size())), &f).empty() &&
+          f.header.type == type) {
+        out.push_back(f.header);
+      }
+    }
+    return out;
+  }
+};
+
+struct Bytes final : transport::MessageWriter {
+  explicit Bytes(std::string b) : bytes(std::move(b)) {}
+  size_t size() const override { return bytes.size(); }
+  void WriteTo(std::byte* dst) const override { std::memcpy(dst, bytes.data(), bytes.size()); }
+  std::string bytes;
+};
+
+std::string Frame(const FrameHeader& h, const std::string& payload) {
+  std::string out(kFrameHeaderBytes, '\0');
+  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(out.data()));
+  return out + payload;
+}
+
+std::string SleepRequestFrame(uint64_t call_id, uint32_t ms) {
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.method_id = MethodId("/rdmarpc.testing.TestService/Sleep");
+  h.call_id = call_id;
+  SleepRequest req;
+  req.set_ms(ms);
+  return Frame(h, req.SerializeAsString());
+}
+
+asio::awaitable<std::pair<std::shared_ptr<transport::Connection>, std::shared_ptr<RawPeer>>>
+RawConnect(const std::string& uri) {
+  auto ex = co_await asio::this_coro::executor;
+  const transport::Options options;  // named: GCC 12 mishandles class temporaries in co_await
+  auto conn = co_await transport::Connect(uri, ex, options);
+  if (!conn.ok()) throw std::runtime_error("raw connect: " + conn.error().message);
+  auto peer = std::make_shared<RawPeer>();
+  conn.value()->Start(peer);
+  co_return std::make_pair(conn.value(), peer);
+}
+
+asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
+  asio::steady_timer t(co_await asio::this_coro::executor, d);
+  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+}
+
+}  // namespace
+
+TEST_CASE("authentication: a wrong or missing secret is refused before any call runs",
+          "[reliability][auth]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  ServerOptions so{.io_threads = 1};
+  so.transport.auth_secret = "correct horse battery staple";
+  TestServer ts(listen, so);
+
+  for (std::string secret : {std::string(), std::string("wrong secret")}) {
+    ChannelOptions co;
+    co.transport.auth_secret = secret;
+    auto ch = Channel::ConnectBlocking(ts.uri, co);
+    INFO("client secret: '" << secret << "'");
+    REQUIRE_FALSE(ch.ok());
+    CHECK(ch.status().code() == StatusCode::kUnavailable);
+    CHECK_THAT(ch.status().message(), Catch::Contains("authentication failed"));
+  }
+  CHECK(ts.server.connections() == 0);
+
+  ChannelOptions co;
+  co.transport.auth_secret = "correct horse battery staple";
+  auto ch = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  EchoRequest req;
+  req.set_payload("authenticated");
+  auto r = stub.Echo(req);
+  REQUIRE(r.ok());
+  CHECK(r->payload() == "authenticated");
+
+  // A server without a secret takes clients with one (the secret is the server's demand).
+  TestServer open(listen);
+  auto ch2 = Channel::ConnectBlocking(open.uri, co);
+  CHECK(ch2.ok());
+}
+
+TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUSTED",
+          "[reliability][limits]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen, ServerOptions{.io_threads = 2, .max_connections = 2});
+  auto a = Channel::ConnectBlocking(ts.uri);
+  auto b = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  auto c = Channel::ConnectBlocking(ts.uri);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(c.status().message(), Catch::Contains("limit of 2 connections"));
+  // The two admitted clients are unaffected.
+  TestService::BlockingStub stub(*b);
+  CHECK(stub.Echo(EchoRequest()).ok());
+  // Room again once one leaves.
+  a = Status(StatusCode::kCancelled, "dropped");
+  REQUIRE(RunLoop([&]() -> asio::awaitable<bool> {
+    co_return co_await WaitUntil([&] { return ts.server.connections() < 2; }, 5000ms);
+  }()));
+  auto d = Channel::ConnectBlocking(ts.uri);
+  CHECK(d.ok());
+}
+
+TEST_CASE("concurrency limits queue calls (backpressure), never fail them",
+          "[reliability][limits]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  const uint32_t server_limit = GENERATE(4u, 0u);  // 0: no server limit, client limit only
+  const uint32_t client_limit = server_limit ? 0u : 3u;
+  ServerOptions so{.io_threads = 1};
+  so.max_concurrent_calls_per_connection = server_limit;
+  TestServer ts(listen, so);
+  ChannelOptions co;
+  co.max_concurrent_calls = client_limit;
+  const int kCalls = 40;
+  auto results = RunLoop([&]() -> asio::awaitable<std::vector<Status>> {
+    auto ch = co_await MustConnect(ts.uri, co);
+    TestService::Stub stub(ch);
+    std::vector<Status> out(kCalls);
+    int done = 0;
+    auto ex = co_await asio::this_coro::executor;
+    for (int i = 0; i < kCalls; ++i) {
+      asio::co_spawn(
+          ex,
+          [&, i]() -> asio::awaitable<void> {
+            SleepRequest req;
+            req.set_ms(50);
+            auto r = co_await stub.Sleep(req, {.timeout = 30s});
+            out[i] = r.status();
+            ++done;
+          },
+          asio::detached);
+    }
+    co_await WaitUntil([&] { return done == kCalls; }, 60000ms);
+    co_return out;
+  }());
+  int ok = 0;
+  for (const auto& s : results) {
+    INFO(s.ToString());
+    CHECK(s.ok());
+    ok += s.ok();
+  }
+  CHECK(ok == kCalls);
+  const int limit = static_cast<int>(server_limit ? server_limit : client_limit);
+  CHECK(ts.service.max_sleeping.load() <= limit);
+  CHECK(ts.service.max_sleeping.load() == limit);  // the limit is used, not undershot
+}
+
+TEST_CASE("a client that ignores SETTINGS gets RESOURCE_EXHAUSTED for calls over the limit",
+          "[reliability][limits]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  ServerOptions so{.io_threads = 1};
+  so.max_concurrent_calls_per_connection = 2;
+  TestServer ts(listen, so);
+  auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    for (uint64_t id = 1; id <= 5; ++id) conn->Send(Bytes(SleepRequestFrame(id, 200)));
+    co_await WaitUntil([&] { return peer->Frames(FrameType::kResponse).size() == 5; }, 10000ms);
+    conn->Close();
+    co_return peer;
+  }());
+  auto settings = peer->Frames(FrameType::kSettings);
+  REQUIRE(settings.size() == 1);
+  auto responses = peer->Frames(FrameType::kResponse);
+  REQUIRE(responses.size() == 5);
+  int ok = 0, exhausted = 0;
+  for (const auto& h : responses) {
+    if (h.status == 0) ++ok;
+    if (h.status == static_cast<uint32_t>(StatusCode::kResourceExhausted)) ++exhausted;
+  }
+  CHECK(ok == 2);
+  CHECK(exhausted == 3);
+}
+
+TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no error storm",
+          "[reliability][shutdown]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 5s});
+  ChannelOptions co;
+  co.reconnect_backoff_initial = 50ms;
+  auto ch = Channel::ConnectBlocking(ts->uri, co);
+  REQUIRE(ch.ok());
+  std::atomic<int> ok{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 5; ++i) {
+    callers.emplace_back([&] {
+      TestService::BlockingStub stub(*ch);
+      SleepRequest req;
+      req.set_ms(800);
+      if (stub.Sleep(req, {.timeout = 10s}).ok()) ++ok;
+    });
+  }
+  REQUIRE(RunLoop([&]() -> asio::awaitable<bool> {
+    co_return co_await WaitUntil([&] { return ts->service.sleeping.load() == 5; }, 5000ms);
+  }()));
+  std::thread stopper([&] { ts->server.Shutdown(); });
+  // Once the GOAWAY is in, new calls fail at once with UNAVAILABLE instead of going to the
+  // draining server or waiting.
+  TestService::BlockingStub stub(*ch);
+  Status late;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  do {
+    std::this_thread::sleep_for(20ms);
+    late = stub.Echo(EchoRequest(), {.timeout = 5s}).status();
+  } while (late.ok() && std::chrono::steady_clock::now() < until);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto again = stub.Echo(EchoRequest(), {.timeout = 5s});
+  const auto fail_took = std::chrono::steady_clock::now() - t0;
+  CHECK(late.code() == StatusCode::kUnavailable);
+  CHECK_FALSE(again.ok());
+  CHECK(again.status().code() == StatusCode::kUnavailable);
+  CHECK(fail_took < 1s);  // fail fast, not after the 5 s deadline
+  for (auto& t : callers) t.join();
+  stopper.join();
+  CHECK(ok == 5);  // every call running at shutdown finished normally
+}
+
+TEST_CASE("a channel reconnects after its server restarts; wait_for_ready calls ride it out",
+          "[reliability][reconnect]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 1s});
+  const std::string uri = ts->uri;  // the restarted server takes the same port
+  ChannelOptions co;
+  co.reconnect_backoff_initial = 50ms;
+  co.reconnect_backoff_max = 300ms;
+  auto ch = Channel::ConnectBlocking(uri, co);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  REQUIRE(stub.Echo(EchoRequest()).ok());
+
+  ts.reset();  // the server goes away
+  // Fail fast while it is down: UNAVAILABLE at once, not after the deadline.
+  Status down;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  do {
+    down = stub.Echo(EchoRequest(), {.timeout = 10s}).status();
+  } while (down.ok() && std::chrono::steady_clock::now() < until);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto fast = stub.Echo(EchoRequest(), {.timeout = 10s});
+  CHECK(fast.status().code() == StatusCode::kUnavailable);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+
+  // A wait-for-ready call made while it is down succeeds once the server is back.
+  std::atomic<bool> waited_ok{false};
+  std::string waited_status;
+  std::thread waiter([&] {
+    EchoRequest req;
+    req.set_payload("waited");
+    auto r = stub.Echo(req, {.timeout = 20s, .wait_for_ready = true});
+    waited_status = r.status().ToString();
+    waited_ok = r.ok() && r->payload() == "waited";
+  });
+  std::this_thread::sleep_for(300ms);
+  std::unique_ptr<TestServer> again;
+  for (int i = 0; i < 50 && !again; ++i) {
+    try {
+      again = std::make_unique<TestServer>(uri, ServerOptions{.io_threads = 1});
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(100ms);  // the port may take a moment to be free again
+    }
+  }
+  REQUIRE(again);
+  waiter.join();
+  INFO("wait_for_ready call: " << waited_status);
+  CHECK(waited_ok);
+  // And ordinary calls work again on the same channel.
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 5s}).ok());
+}
+
+TEST_CASE("server keepalive closes a silent client's connection and cancels its calls",
+          "[reliability][keepalive]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  ServerOptions so{.io_threads = 1};
+  so.keepalive_interval = 200ms;
+  so.keepalive_timeout = 600ms;
+  TestServer ts(listen, so);
+  // A live client that answers pings stays connected through several intervals.
+  auto live = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(live.ok());
+  auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+    // The raw peer never answers PING: to the server it is a client that stopped.
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    conn->Send(Bytes(SleepRequestFrame(1, 60000)));
+    co_await WaitUntil([&] { return peer->closed; }, 10000ms);
+    co_return peer;
+  }());
+  CHECK(peer->closed);
+  CHECK(peer->Frames(FrameType::kPing).size() >= 1);
+  // Its 60 s call was cancelled on the server when the connection went.
+  CHECK(RunLoop([&]() -> asio::awaitable<bool> {
+    co_return co_await WaitUntil([&] { return ts.service.cancelled_seen.load() == 1; }, 5000ms);
+  }()));
+  std::this_thread::sleep_for(1000ms);
+  TestService::BlockingStub stub(*live);
+  CHECK(stub.Echo(EchoRequest()).ok());
+  CHECK(ts.server.connections() == 1);
+}
+
+TEST_CASE("a nested call inherits the handler's deadline", "[reliability][deadline]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer front(listen), back(listen);
+  auto ch = Channel::ConnectBlocking(front.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  RelayRequest req;
+  req.set_target(back.uri);
+  auto r = stub.Relay(req, {.timeout = 3s});
+  REQUIRE(r.ok());
+  // The back server's handler saw a deadline no later than the caller's.
+  CHECK(r->budget_ms() > 0);
+  CHECK(r->budget_ms() <= 3000);
+
+  // A nested call that would outlast the caller's deadline is cut off at it, and the back
+  // server's handler is cancelled.
+  req.set_sleep_ms(20000);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto slow = stub.Relay(req, {.timeout = 700ms});
+  CHECK(slow.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(RunLoop([&]() -> asio::awaitable<bool> {
+    co_return co_await WaitUntil([&] { return back.service.cancelled_seen.load() == 1; }, 5000ms);
+  }()));
+}
+
+TEST_CASE("garbage frames through a real transport close that connection only",
+          "[reliability][errors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+
+  FrameHeader unknown_type;
+  unknown_type.type = FrameType::kRequest;
+  std::string unknown = Frame(unknown_type, "");
+  unknown[2] = static_cast<char>(200);
+  FrameHeader md_past_end;
+  md_past_end.type = FrameType::kRequest;
+  md_past_end.metadata_bytes = 1000;
+  std::string bad_version = Frame(FrameHeader{}, "");
+  bad_version[1] = 9;
+  const std::vector<std::pair<std::string, std::string>> attacks = {
+      {"empty message", ""},
+      {"shorter than a header", "hello"},
+      {"bad magic", std::string(40, '\x42')},
+      {"unknown frame type", unknown},
+      {"unsupported version", bad_version},
+      {"metadata past the end", Frame(md_past_end, "abc")},
+  };
+  for (const auto& [name, bytes] : attacks) {
+    INFO(name);
+    auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+      auto [conn, peer] = co_await RawConnect(ts.uri);
+      conn->Send(Bytes(bytes));
+      co_await WaitUntil([&] { return peer->closed; }, 5000ms);
+      co_return peer;
+    }());
+    CHECK(peer->closed);
+    EchoRequest req;
+    req.set_payload("after " + name);
+    auto r = stub.Echo(req);
+    REQUIRE(r.ok());
+    CHECK(r->payload() == "after " + name);
+  }
+
+  // Bad call metadata and an unparsable request are answered with an error, not a close.
+  auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.method_id = MethodId("/rdmarpc.testing.TestService/Echo");
+    h.call_id = 7;
+    h.metadata_bytes = 3;
+    conn->Send(Bytes(Frame(h, "\x01\x02\x03")));  // 3 bytes cannot hold a metadata entry
+    h.call_id = 8;
+    h.metadata_bytes = 0;
+    conn->Send(Bytes(Frame(h, "\xff\xff\xff\xff")));  // not a valid EchoRequest
+    co_await WaitUntil([&] { return peer->Frames(FrameType::kResponse).size() == 2; }, 5000ms);
+    conn->Close();
+    co_return peer;
+  }());
+  auto responses = peer->Frames(FrameType::kResponse);
+  REQUIRE(responses.size() == 2);
+  for (const auto& h : responses) {
+    CHECK(h.status == static_cast<uint32_t>(StatusCode::kInvalidArgument));
+  }
+}
