@@ -17,6 +17,8 @@ PACKAGES=(
   # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools
   rdma-core ibverbs-providers libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   iproute2
+  # fuzzing (tools/fuzz): clang with libFuzzer and the sanitizer runtimes
+  clang libclang-rt-14-dev
   # Soft-RoCE VM runner
   qemu-system-x86 busybox-static kmod cpio
 )

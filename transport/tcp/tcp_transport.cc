@@ -20,6 +20,7 @@
 
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
+#include "transport/tcp/reassembler.h"
 
 namespace rdmarpc::transport::tcp {
 namespace asio = boost::asio;
@@ -30,12 +31,6 @@ namespace {
 constexpr size_t kInitialReadBufferBytes = 64 * 1024;
 // Buffers that grew for a large message shrink back once idle, so idle connections stay small.
 constexpr size_t kShrinkAboveBytes = 1 << 20;
-
-uint32_t LoadLe32(const std::byte* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return le32toh(v);
-}
 
 void StoreLe32(std::byte* p, uint32_t v) {
   v = htole32(v);
@@ -61,12 +56,14 @@ asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(
 class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(tcp::socket socket, const Options& options)
-      : socket_(std::move(socket)), executor_(socket_.get_executor()), options_(options) {
+      : socket_(std::move(socket)),
+        executor_(socket_.get_executor()),
+        options_(options),
+        reader_(kInitialReadBufferBytes, options.max_message_bytes) {
     boost::system::error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);
     auto remote = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
-    rbuf_.resize(kInitialReadBufferBytes);
   }
 
   const Executor& executor() const override { return executor_; }
@@ -137,12 +134,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   void ReadMore() {
     if (handler_.closed()) return;
-    if (rend_ == rbuf_.size()) rbuf_.resize(rbuf_.size() * 2);
-    socket_.async_read_some(
-        asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
-        [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-          self->OnRead(ec, n);
-        });
+    auto room = reader_.Writable();
+    socket_.async_read_some(asio::buffer(room.data(), room.size()),
+                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                              self->OnRead(ec, n);
+                            });
   }
 
   void OnRead(boost::system::error_code ec, size_t n) {
@@ -152,40 +148,24 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
                                        : "read failed: " + ec.message());
       return;
     }
-    rend_ += n;
+    reader_.Commit(n);
     // Deliver every complete message in the buffer, in place.
-    while (!handler_.closed() && rend_ - rbegin_ >= kLengthPrefixBytes) {
-      const uint32_t len = LoadLe32(rbuf_.data() + rbegin_);
-      if (len > options_.max_message_bytes) {
-        spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_, len,
-                     options_.max_message_bytes);
-        CloseWith("peer sent a message of " + std::to_string(len) + " bytes, over the limit of " +
-                  std::to_string(options_.max_message_bytes));
+    std::span<const std::byte> message;
+    uint32_t too_large = 0;
+    for (;;) {
+      const auto r = reader_.Next(&message, &too_large);
+      if (r == StreamReassembler::Result::kNeedMore) break;
+      if (r == StreamReassembler::Result::kTooLarge) {
+        spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_,
+                     too_large, options_.max_message_bytes);
+        CloseWith("peer sent a message of " + std::to_string(too_large) +
+                  " bytes, over the limit of " + std::to_string(options_.max_message_bytes));
         return;
       }
-      if (rend_ - rbegin_ < kLengthPrefixBytes + len) {
-        // Make room for the rest of this message in one go.
-        const size_t need = kLengthPrefixBytes + len;
-        if (rbegin_ > 0) {
-          std::memmove(rbuf_.data(), rbuf_.data() + rbegin_, rend_ - rbegin_);
-          rend_ -= rbegin_;
-          rbegin_ = 0;
-        }
-        if (need > rbuf_.size()) rbuf_.resize(need);
-        break;
-      }
-      handler_.get()->OnMessage(
-          std::span<const std::byte>(rbuf_.data() + rbegin_ + kLengthPrefixBytes, len));
-      rbegin_ += kLengthPrefixBytes + len;
+      handler_.get()->OnMessage(message);
+      if (handler_.closed()) return;
     }
-    if (handler_.closed()) return;
-    if (rbegin_ == rend_) {
-      rbegin_ = rend_ = 0;
-      if (rbuf_.size() > kShrinkAboveBytes) {
-        rbuf_.resize(kInitialReadBufferBytes);
-        rbuf_.shrink_to_fit();
-      }
-    }
+    reader_.Settle(kShrinkAboveBytes);
     ReadMore();
   }
 
@@ -194,8 +174,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   Options options_;
   std::string peer_;
   HandlerSlot handler_;
-  std::vector<std::byte> rbuf_;
-  size_t rbegin_ = 0, rend_ = 0;
+  StreamReassembler reader_;
   std::vector<std::byte> pending_, inflight_;
   bool writing_ = false, flush_scheduled_ = false;
 };

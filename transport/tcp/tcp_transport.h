@@ -5,12 +5,11 @@
 // one write; every complete message is parsed out of each read, in place.
 #pragma once
 
+#include "transport/tcp/reassembler.h"  // kLengthPrefixBytes
 #include "transport/transport.h"
 #include "transport/uri.h"
 
 namespace rdmarpc::transport::tcp {
-
-inline constexpr size_t kLengthPrefixBytes = 4;
 
 Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
                                            const std::vector<Executor>& executors,
