@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -75,6 +77,23 @@ class Flags {
       return fallback;
     }
     return n;
+  }
+
+  // The shared secret named by --auth-secret-file: the file's contents without a trailing
+  // newline ("" when the flag is absent). Sets error() if the file cannot be read or is empty.
+  // Secrets come from a file, never the command line, where `ps` would show them.
+  std::string auth_secret() {
+    if (!has("auth-secret-file")) return "";
+    const std::string path = get("auth-secret-file", "");
+    std::ifstream in(path, std::ios::binary);
+    std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (!in.good() && !in.eof()) {
+      error_ = "cannot read --auth-secret-file " + path;
+    } else if (secret.empty()) {
+      error_ = "--auth-secret-file " + path + " is missing or empty";
+    }
+    return secret;
   }
 
  private:

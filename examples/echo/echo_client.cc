@@ -26,7 +26,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
     "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--quiet]\n"
-    "                   [--log-level LEVEL]\n"
+    "                   [--auth-secret-file F] [--log-level LEVEL]\n"
     "\n"
     "Calls demo.Echo/Say on a running echo_server and checks every reply.\n"
     "\n"
@@ -40,6 +40,7 @@ constexpr char kUsage[] =
     "  --busy-poll          rdma: spin on the completion queue (lowest latency, one core busy;\n"
     "                       also RDMARPC_BUSY_POLL=1)\n"
     "  --quiet              print only the summary\n"
+    "  --auth-secret-file F present the secret in file F (for a server that requires one)\n"
     "  --log-level LEVEL    trace|debug|info|warn|error|off\n"
     "  --help               this text\n"
     "\n"
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
       argc, argv,
       {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
        {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
-       {"quiet", false}, {"busy-poll", false}, {"log-level", true}, {"help", false}});
+       {"quiet", false}, {"busy-poll", false}, {"log-level", true}, {"auth-secret-file", true},
+       {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   cfg.connect_retry_ms = flags.get_int("connect-retry-ms", 0, 0, 600000);
   cfg.quiet = flags.has("quiet");
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
+  cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {
     std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;
     return 2;

@@ -13,7 +13,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--log-level LEVEL]\n"
+    "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--auth-secret-file F]\n"
+    "                   [--log-level LEVEL]\n"
     "\n"
     "Serves demo.Echo (proto/echo.proto) until SIGINT or SIGTERM, then drains in-flight calls.\n"
     "\n"
@@ -22,6 +23,7 @@ constexpr char kUsage[] =
     "  --threads N        I/O threads (default 1)\n"
     "  --busy-poll        rdma: spin on the completion queues (lowest latency; keeps one core\n"
     "                     per I/O thread busy; also RDMARPC_BUSY_POLL=1)\n"
+    "  --auth-secret-file F  refuse clients that do not present the secret in file F\n"
     "  --log-level LEVEL  trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or info)\n"
     "  --help             this text\n"
     "\n"
@@ -46,12 +48,13 @@ class EchoService final : public demo::Echo::Service {
 int main(int argc, char** argv) {
   rdmarpc::examples::Flags flags(argc, argv,
                                  {{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
-                                  {"help", false}});
+                                  {"auth-secret-file", true}, {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
   }
   const long threads = flags.get_int("threads", 1, 1, 256);
+  const std::string secret = flags.auth_secret();
   if (!flags.error().empty()) {
     std::cerr << "echo_server: " << flags.error() << "\n\n" << kUsage;
     return 2;
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   EchoService service;
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
   if (flags.has("busy-poll")) options.transport.busy_poll = true;
+  options.transport.auth_secret = secret;
   rdmarpc::Server server(options);
   if (auto s = server.AddService(service); !s.ok()) {
     std::cerr << "echo_server: " << s.ToString() << "\n";

@@ -44,6 +44,7 @@ constexpr char kUsage[] =
     "  --targets URIs   servers (default tcp://127.0.0.1:7480); several, comma-separated or\n"
     "                   repeated, spread keys over the servers by consistent hashing.\n"
     "  --timeout-ms N   per-call deadline (default 5000; 0 = none).\n"
+    "  --auth-secret-file F  present the secret in file F (for servers that require one).\n"
     "\n"
     "Values print as text with non-printable bytes as \\xNN.\n"
     "Exit codes: 0 done, 1 a call failed (e.g. ABORTED on a version mismatch), 2 bad arguments,\n"
@@ -81,6 +82,7 @@ struct Args {
   rdmarpc::examples::Flags* flags;
   long timeout_ms, limit, count, concurrency, value_bytes;
   std::optional<uint64_t> expected;
+  std::string secret;  // --auth-secret-file
 };
 
 asio::awaitable<int> Bench(kv::ShardedClient& client, long count, long concurrency,
@@ -128,7 +130,9 @@ asio::awaitable<int> Bench(kv::ShardedClient& client, long count, long concurren
 }
 
 asio::awaitable<int> Run(Args a) {
-  auto connected = co_await kv::ShardedClient::Connect(a.targets);
+  rdmarpc::ChannelOptions options;
+  options.transport.auth_secret = a.secret;
+  auto connected = co_await kv::ShardedClient::Connect(a.targets, options);
   if (!connected.ok()) {
     std::cerr << "kv: cannot connect: " << connected.status().message() << "\n";
     co_return 3;
@@ -218,6 +222,7 @@ int main(int argc, char** argv) {
                                   {"count", true},
                                   {"concurrency", true},
                                   {"value-bytes", true},
+                                  {"auth-secret-file", true},
                                   {"help", false}},
                                  /*positional=*/true);
   if (flags.has("help")) {
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
   Args a;
   a.flags = &flags;
   a.timeout_ms = flags.get_int("timeout-ms", 5000, 0, 86400000);
+  a.secret = flags.auth_secret();
   for (const auto& t : flags.all("targets")) {
     std::stringstream ss(t);
     std::string one;

@@ -17,7 +17,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kv_server [--listen URI]... [--threads N] [--engine memory|rocksdb]\n"
-    "                 [--data-dir DIR] [--sync] [--log-level LEVEL]\n"
+    "                 [--data-dir DIR] [--sync] [--auth-secret-file F] [--log-level LEVEL]\n"
     "\n"
     "Serves kv.KV (proto/kv.proto) until SIGINT or SIGTERM, then finishes in-flight calls,\n"
     "flushes the engine and exits.\n"
@@ -30,6 +30,7 @@ constexpr char kUsage[] =
     "  --sync           rocksdb: fsync every write before acknowledging it (survives power\n"
     "                   loss). Without it, acknowledged writes survive the process being\n"
     "                   killed (SIGKILL included) but not a machine crash.\n"
+    "  --auth-secret-file F  refuse clients that do not present the secret in file F.\n"
     "  --log-level L    trace, debug, info (default), warn, error, off.\n"
     "\n"
     "Prints 'listening on URI' for each address once it accepts connections.\n"
@@ -45,12 +46,14 @@ int main(int argc, char** argv) {
                                   {"data-dir", true},
                                   {"sync", false},
                                   {"log-level", true},
+                                  {"auth-secret-file", true},
                                   {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
   }
   const long threads = flags.get_int("threads", 2, 1, 256);
+  const std::string secret = flags.auth_secret();
   const std::string data_dir = flags.get("data-dir", "");
   const std::string engine_name = flags.get("engine", data_dir.empty() ? "memory" : "rocksdb");
   std::string bad = flags.error();
@@ -88,8 +91,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7480");
   {
-    rdmarpc::Server server(
-        rdmarpc::ServerOptions{.io_threads = static_cast<int>(threads), .handle_signals = true});
+    rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads),
+                                   .handle_signals = true};
+    options.transport.auth_secret = secret;
+    rdmarpc::Server server(options);
     if (auto s = server.AddService(service); !s.ok()) {
       std::cerr << "kv_server: " << s.ToString() << "\n";
       return 1;

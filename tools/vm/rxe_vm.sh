@@ -3,8 +3,11 @@
 # Debian/Ubuntu machine without an RDMA NIC. The guest runs the host's own userspace (the host
 # root is shared read-only under a tmpfs overlay), so binaries built on the host run unchanged.
 #
-#   tools/vm/rxe_vm.sh [--timeout SECONDS] [--mtu N] [--share DIR] [--peer 'PEER COMMAND']
-#                      [--] COMMAND [ARGS...]
+#   tools/vm/rxe_vm.sh [--timeout SECONDS] [--mtu N] [--mem SIZE] [--share DIR]
+#                      [--peer 'PEER COMMAND'] [--] COMMAND [ARGS...]
+#
+# --mem: the guest's memory (default $RDMARPC_VM_MEM or 2G; qemu syntax, e.g. 6G). Sanitizer
+# builds need more (TSan's shadow memory: --config=tsan sets RDMARPC_VM_MEM=6G).
 #
 # Inside the guest: rxe0 is configured on dummy0 with address $RXE_ADDR (198.18.0.1, from the
 # benchmarking range; the guest has no host-facing NIC, so nothing it sends leaves the VM),
@@ -25,16 +28,18 @@ set -euo pipefail
 
 timeout_s=600
 mtu=1500
+mem_opt="${RDMARPC_VM_MEM:-2G}"
 share=""
 peer_cmd=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --timeout) timeout_s="$2"; shift 2 ;;
     --mtu) mtu="$2"; shift 2 ;;
+    --mem) mem_opt="$2"; shift 2 ;;
     --share) share=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --peer) peer_cmd="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -141,7 +146,7 @@ boot() {
 
 if [ -z "$peer_cmd" ]; then
   prepare main 198.18.0.1 "" "$@"
-  mem=2G
+  mem="$mem_opt"
   boot main -nic none
   qpid=$!; pids+=("$qpid")
 else
