@@ -9,6 +9,7 @@
 // Closed loop: each connection keeps `depth` calls outstanding; a call's latency runs from just
 // before the stub is called to the reply being decoded. Calls finished during the warm-up are
 // not counted.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -119,7 +120,25 @@ int RunServer(rdmarpc::examples::Flags& flags, long threads) {
     }
     std::cout << "listening on " << *bound << std::endl;
   }
+  // Diagnostics for memory questions (docs/RELIABILITY.md, "Soak"): with
+  // RDMARPC_BENCH_HEAP_LOG=1, print resident memory, the allocator's bytes in use and the calls
+  // in flight every half second.
+  std::atomic<bool> stop_log{false};
+  std::thread heap_log;
+  if (std::getenv("RDMARPC_BENCH_HEAP_LOG") != nullptr) {
+    heap_log = std::thread([&] {
+      while (!stop_log) {
+        const struct mallinfo2 mi = mallinfo2();
+        std::cerr << "heap: rss_kb " << RssBytes() / 1024 << " in_use_kb "
+                  << (mi.uordblks + mi.hblkhd) / 1024 << " free_kb " << mi.fordblks / 1024
+                  << " in_flight " << server.in_flight_calls() << std::endl;
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    });
+  }
   server.Run();
+  stop_log = true;
+  if (heap_log.joinable()) heap_log.join();
   return 0;
 }
 

@@ -72,6 +72,11 @@ constexpr uint64_t kRecvWrId = ~uint64_t(0);
 constexpr uint32_t kSendBuffersPerSlab = 8;
 // Selective signaling: one signaled send per this many.
 constexpr uint32_t kSignalEvery = 32;
+// Completions taken from one CQ before the I/O thread runs its other queued work. Polling until
+// the CQ is empty starved that work while a fast peer kept the CQ busy: each finished call's
+// coroutine frame waited in the queue, and a 1 M-call soak grew the server's heap by hundreds
+// of MiB (docs/RELIABILITY.md, "Soak").
+constexpr uint32_t kPollBudget = 256;
 constexpr int kResolveTimeoutMs = 2000;
 // What each side tells the other in the CM private data (a handshake Hello): where its receive
 // ring is, and from a client, the authentication token.
@@ -280,16 +285,36 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
                      }
                      for (auto& slot : self->cqs_) {
                        if (!slot->evented) continue;
-                       slot->evented = false;
                        // Re-arm before polling, so a completion landing in between raises an event.
                        ibv_req_notify_cq(slot->cq.get(), 0);
-                       self->Poll(slot->cq.get());
                      }
-                     self->Arm();
+                     self->DrainEvented();
                    });
   }
 
-  void Poll(ibv_cq* cq);
+  // Polls the CQs that had an event. A CQ that still has completions after its budget stays
+  // marked and is polled again from a posted handler, so that the work those completions
+  // started (handler coroutines finishing, replies, timers) runs in between; only when every CQ
+  // is drained does the thread go back to waiting on the completion channel.
+  void DrainEvented() {
+    bool more = false;
+    for (auto& slot : cqs_) {
+      if (!slot->evented) continue;
+      slot->evented = Poll(slot->cq.get());
+      more = more || slot->evented;
+    }
+    if (!more) {
+      Arm();
+      return;
+    }
+    std::weak_ptr<ThreadDevice> weak = shared_from_this();
+    asio::post(ex_, [weak] {
+      if (auto self = weak.lock()) self->DrainEvented();
+    });
+  }
+
+  // Takes up to kPollBudget completions from `cq`; true when it stopped with some possibly left.
+  bool Poll(ibv_cq* cq);
 
   Executor ex_;
   ibv_context* verbs_;
@@ -661,11 +686,12 @@ class RdmaConnection final : public Connection,
   std::vector<ibv_wc> early_;  // completions that arrived before Start
 };
 
-void ThreadDevice::Poll(ibv_cq* cq) {
+bool ThreadDevice::Poll(ibv_cq* cq) {
   ibv_wc wcs[32];
-  for (;;) {
+  for (uint32_t taken = 0; taken < kPollBudget;) {
     int n = ibv_poll_cq(cq, 32, wcs);
-    if (n <= 0) return;
+    if (n <= 0) return false;
+    taken += static_cast<uint32_t>(n);
     uint32_t receives = 0;
     for (int i = 0; i < n; ++i) {
       // Every receive completion, even of a closed connection or with an error, used one SRQ WR.
@@ -678,6 +704,7 @@ void ThreadDevice::Poll(ibv_cq* cq) {
       spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
     }
   }
+  return true;
 }
 
 // Keeps each io_context's ThreadDevices inside that io_context, as an Asio service: they live and
