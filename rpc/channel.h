@@ -99,7 +99,8 @@ class Channel {
     return boost::asio::co_spawn(executor_, std::move(work), boost::asio::use_future).get();
   }
 
-  // Closes the connection now; later calls fail with UNAVAILABLE. Thread-safe.
+  // Closes the connection for good (no reconnect); calls in flight and later calls fail with
+  // UNAVAILABLE. Thread-safe.
   void Close();
 
   const transport::Executor& executor() const { return executor_; }

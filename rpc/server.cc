@@ -75,7 +75,8 @@ class ServerConnection final : public transport::ConnectionHandler,
     thread_->connections.insert(shared_from_this());
     conn_->Start(shared_from_this());
     const int64_t max = core_->options.max_connections;
-    if (max > 0 && core_->connections.fetch_add(1) >= max) {
+    const int64_t open = core_->connections.fetch_add(1) + 1;  // this one included
+    if (max > 0 && open > max) {
       core_->connections.fetch_sub(1);
       spdlog::warn("server: turning {} away: at the limit of {} connections", peer_, max);
       SendGoAway(Status(StatusCode::kResourceExhausted,
@@ -86,7 +87,6 @@ class ServerConnection final : public transport::ConnectionHandler,
       });
       return;
     }
-    if (max <= 0) core_->connections.fetch_add(1);
     counted_ = true;
     Settings settings;
     settings.max_concurrent_calls = core_->options.max_concurrent_calls_per_connection;
