@@ -1,0 +1,215 @@
+// A hand-written RDMA peer that breaks the ring protocol on purpose, over real verbs (run by
+// //test:rdma_vm_test inside the Soft-RoCE VM; there is no host run, since the host has no RDMA
+// device). It does the handshake like a client, then writes records the server must refuse: a
+// record outside the ring, a record where the next one may not start, a message larger than the
+// limit, a credit return for bytes never sent. Each time the server must drop that connection
+// and keep serving a well-behaved client.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <endian.h>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "test/test_util.h"
+#include "transport/handshake.h"
+#include "transport/rdma/ring.h"
+
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr uint32_t kRing = 1 << 20;
+
+// One RC connection made with librdmacm's synchronous calls, its own receive ring registered
+// for the server to write into, and a small registered send buffer.
+class RawVerbsPeer {
+ public:
+  explicit RawVerbsPeer(const std::string& uri) {
+    const auto colon = uri.rfind(':');
+    const std::string host = uri.substr(7, colon - 7), port = uri.substr(colon + 1);
+    rdma_addrinfo hints{}, *res = nullptr;
+    hints.ai_port_space = RDMA_PS_TCP;
+    if (rdma_getaddrinfo(host.c_str(), port.c_str(), &hints, &res)) Fail("rdma_getaddrinfo");
+    ibv_qp_init_attr attr{};
+    attr.cap.max_send_wr = 16;
+    attr.cap.max_recv_wr = 64;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr.qp_type = IBV_QPT_RC;
+    attr.sq_sig_all = 1;
+    const int rc = rdma_create_ep(&id_, res, nullptr, &attr);
+    rdma_freeaddrinfo(res);
+    if (rc) Fail("rdma_create_ep");
+    ring_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, kRing)));
+    std::memset(ring_.get(), 0, kRing);
+    ring_mr_ = ibv_reg_mr(id_->pd, ring_.get(), kRing,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    send_mr_ = ibv_reg_mr(id_->pd, send_, sizeof send_, IBV_ACCESS_LOCAL_WRITE);
+    if (!ring_mr_ || !send_mr_) Fail("ibv_reg_mr");
+    // The server writes SETTINGS (and credits) with immediate data: each needs a receive.
+    for (int i = 0; i < 32; ++i) {
+      ibv_recv_wr wr{}, *bad = nullptr;
+      wr.wr_id = 1;
+      if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
+    }
+    transport::Hello hello;
+    hello.ring_addr = reinterpret_cast<uint64_t>(ring_.get());
+    hello.ring_rkey = ring_mr_->rkey;
+    hello.ring_bytes = kRing;
+    uint8_t pd[transport::kHelloBytes];
+    transport::EncodeHello(hello, pd);
+    rdma_conn_param param{};
+    param.private_data = pd;
+    param.private_data_len = sizeof pd;
+    param.responder_resources = 1;
+    param.initiator_depth = 1;
+    param.retry_count = 7;
+    param.rnr_retry_count = 7;
+    if (rdma_connect(id_, &param)) Fail("rdma_connect");
+    // A synchronous id keeps the ESTABLISHED event, with the server's HELLO (its ring).
+    transport::Hello server;
+    if (!id_->event || !transport::DecodeHello(id_->event->param.conn.private_data,
+                                               id_->event->param.conn.private_data_len, &server)
+                            .empty()) {
+      Fail("no server ring in the accept");
+    }
+    remote_addr_ = server.ring_addr;
+    remote_rkey_ = server.ring_rkey;
+  }
+
+  ~RawVerbsPeer() {
+    if (id_) rdma_disconnect(id_);
+    if (send_mr_) ibv_dereg_mr(send_mr_);
+    if (ring_mr_) ibv_dereg_mr(ring_mr_);
+    if (id_) rdma_destroy_ep(id_);
+  }
+
+  // RDMA_WRITE_WITH_IMM of `bytes` from the send buffer to the server's ring at `offset`,
+  // announcing it with `imm`. Returns the send's completion status.
+  ibv_wc_status Write(uint32_t offset, uint32_t bytes, uint32_t imm) {
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(send_);
+    sge.length = bytes;
+    sge.lkey = send_mr_->lkey;
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.sg_list = bytes ? &sge : nullptr;
+    wr.num_sge = bytes ? 1 : 0;
+    wr.imm_data = htonl(imm);
+    wr.wr.rdma.remote_addr = remote_addr_ + offset;
+    wr.wr.rdma.rkey = remote_rkey_;
+    if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send");
+    ibv_wc wc{};
+    for (;;) {
+      int n = ibv_poll_cq(id_->send_cq, 1, &wc);
+      if (n < 0) Fail("ibv_poll_cq");
+      if (n == 1) return wc.status;
+    }
+  }
+
+  // A record header (u32 total message bytes, u32 0) followed by `payload`.
+  void SetRecord(uint32_t total, const std::string& payload) {
+    const uint32_t le = htole32(total);
+    std::memcpy(send_, &le, 4);
+    std::memset(send_ + 4, 0, 4);
+    std::memcpy(send_ + 8, payload.data(), payload.size());
+  }
+
+ private:
+  [[noreturn]] static void Fail(const char* what) {
+    throw std::runtime_error(std::string("raw verbs peer: ") + what + ": " + std::strerror(errno));
+  }
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  rdma_cm_id* id_ = nullptr;
+  std::unique_ptr<uint8_t, Free> ring_;
+  ibv_mr* ring_mr_ = nullptr;
+  ibv_mr* send_mr_ = nullptr;
+  uint8_t send_[4096] = {};
+  uint64_t remote_addr_ = 0;
+  uint32_t remote_rkey_ = 0;
+};
+
+std::string RdmaUri() {
+  for (const auto& u : ListenUris()) {
+    if (u.rfind("rdma://", 0) == 0) return u;
+  }
+  return "";
+}
+
+bool Eventually(std::function<bool()> done) {
+  return RunLoop([&]() -> asio::awaitable<bool> { co_return co_await WaitUntil(done, 10000ms); }());
+}
+
+}  // namespace
+
+TEST_CASE("a raw verbs peer that breaks the ring protocol is dropped; others are served",
+          "[rdma][errors]") {
+  InitLogging("", "info");  // RDMARPC_LOG_LEVEL=debug shows why each connection was dropped
+  const std::string listen = RdmaUri();
+  // Only run inside the VM (rdma_vm_test); without an RDMA address this is a failure, not a skip.
+  REQUIRE_FALSE(listen.empty());
+  TestServer ts(listen);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  REQUIRE(ts.server.connections() == 1);
+
+  struct Attack {
+    const char* name;
+    uint32_t write_at, bytes, imm, total;
+  };
+  const uint32_t slots = kRing / transport::rdma::kRecordAlignBytes;
+  const Attack attacks[] = {
+      // The imm names an offset past the end of the ring.
+      {"record outside the ring", 0, 64, slots + 7, 56},
+      // The first record must start at offset 0.
+      {"record where none may start", 128, 64, 2, 56},
+      // A message of 2 GiB announced by the record header.
+      {"message over the size limit", 0, 64, 0, 0x80000000u},
+      // Credits for bytes this peer never sent.
+      {"credit for bytes never sent", 0, 0, transport::rdma::kImmCreditBit | 1000, 0},
+      // A record shorter than its own header.
+      {"record shorter than its header", 0, 4, 0, 0},
+  };
+  for (const auto& a : attacks) {
+    INFO(a.name);
+    {
+      RawVerbsPeer peer(ts.uri);
+      REQUIRE(Eventually([&] { return ts.server.connections() == 2; }));
+      peer.SetRecord(a.total, std::string(48, 'x'));
+      CHECK(peer.Write(a.write_at, a.bytes, a.imm) == IBV_WC_SUCCESS);
+      // The server drops this connection on its own (the peer does not disconnect until later).
+      CHECK(Eventually([&] { return ts.server.connections() == 1; }));
+    }
+    EchoRequest req;
+    req.set_payload(std::string("after ") + a.name);
+    auto r = stub.Echo(req, {.timeout = 10s});
+    REQUIRE(r.ok());
+    CHECK(r->payload() == req.payload());
+  }
+
+  // A well-formed record through the same raw path is served normally (the harness is sound).
+  RawVerbsPeer peer(ts.uri);
+  REQUIRE(Eventually([&] { return ts.server.connections() == 2; }));
+  std::string ping(kFrameHeaderBytes, '\0');
+  FrameHeader h;
+  h.type = FrameType::kPing;
+  h.call_id = 42;
+  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(ping.data()));
+  peer.SetRecord(static_cast<uint32_t>(ping.size()), ping);
+  CHECK(peer.Write(0, static_cast<uint32_t>(8 + ping.size()), 0) == IBV_WC_SUCCESS);
+  std::this_thread::sleep_for(300ms);
+  CHECK(ts.server.connections() == 2);
+}
