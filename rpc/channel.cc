@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -216,6 +218,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     state_ = State::kShutdown;
     last_error_ = Status(StatusCode::kUnavailable, "channel to " + target_ + " was closed");
     reconnect_timer_.cancel();
+    if (auto cancel = reconnect_cancel_.lock()) cancel->emit(asio::cancellation_type::terminal);
     WakeWaiters();
     if (conn_) conn_->Close();
   }
@@ -517,7 +520,14 @@ class ChannelCore final : public transport::ConnectionHandler,
     reconnect_timer_.async_wait([weak](boost::system::error_code ec) {
       auto self = weak.lock();
       if (ec || !self || self->state_ != State::kDown) return;
-      asio::co_spawn(self->executor_, Reconnect(weak), asio::detached);
+      // Close() cancels an attempt in progress, so that a closed channel does not keep its event
+      // loop busy until the connect timeout (a frozen server took 5 s to give up on). The
+      // completion handler owns the signal: it must outlive the coroutine's completion.
+      auto cancel = std::make_shared<asio::cancellation_signal>();
+      self->reconnect_cancel_ = cancel;
+      asio::co_spawn(self->executor_, Reconnect(weak),
+                     asio::bind_cancellation_slot(cancel->slot(),
+                                                  [cancel](const std::exception_ptr&) {}));
     });
   }
 
@@ -564,6 +574,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   asio::steady_timer first_ready_{executor_};
   bool ready_waiter_ = false;
   asio::steady_timer reconnect_timer_;
+  std::weak_ptr<asio::cancellation_signal> reconnect_cancel_;  // of the attempt in progress
   std::chrono::milliseconds backoff_;
   std::minstd_rand rng_;
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -26,7 +26,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
     "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--quiet]\n"
-    "                   [--auth-secret-file F] [--log-level LEVEL]\n"
+    "                   [--auth-secret-file F] [--keepalive-ms N] [--keepalive-timeout-ms N]\n"
+    "                   [--stop-on-error] [--log-level LEVEL]\n"
     "\n"
     "Calls demo.Echo/Say on a running echo_server and checks every reply.\n"
     "\n"
@@ -40,6 +41,10 @@ constexpr char kUsage[] =
     "  --busy-poll          rdma: spin on the completion queue (lowest latency, one core busy;\n"
     "                       also RDMARPC_BUSY_POLL=1)\n"
     "  --quiet              print only the summary\n"
+    "  --stop-on-error      make no more calls after the first failure\n"
+    "  --keepalive-ms N     ping the server after N ms of silence (default 0 = off) ...\n"
+    "  --keepalive-timeout-ms N  ... and give it up, failing calls in flight, when nothing\n"
+    "                       arrives within N ms of the ping (default 5000)\n"
     "  --auth-secret-file F present the secret in file F (for a server that requires one)\n"
     "  --log-level LEVEL    trace|debug|info|warn|error|off\n"
     "  --help               this text\n"
@@ -50,7 +55,7 @@ constexpr char kUsage[] =
 struct Config {
   std::string target, message;
   long count, concurrency, payload_bytes, timeout_ms, connect_retry_ms;
-  bool quiet;
+  bool quiet, stop_on_error;
   rdmarpc::ChannelOptions options;
 };
 
@@ -64,7 +69,7 @@ boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, l
                                     Outcome& out) {
   demo::SayRequest req;
   req.set_payload(std::string(cfg.payload_bytes, 'x'));
-  while (next < cfg.count) {
+  while (next < cfg.count && !(cfg.stop_on_error && out.failed > 0)) {
     const long i = next++;
     req.set_message(cfg.count == 1 ? cfg.message : cfg.message + " #" + std::to_string(i + 1));
     auto t0 = std::chrono::steady_clock::now();
@@ -130,6 +135,7 @@ int main(int argc, char** argv) {
       {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
        {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
        {"quiet", false}, {"busy-poll", false}, {"log-level", true}, {"auth-secret-file", true},
+       {"keepalive-ms", true}, {"keepalive-timeout-ms", true}, {"stop-on-error", false},
        {"help", false}});
   if (flags.has("help")) {
     std::cout << kUsage;
@@ -144,6 +150,11 @@ int main(int argc, char** argv) {
   cfg.timeout_ms = flags.get_int("timeout-ms", 5000, 0, 86400000);
   cfg.connect_retry_ms = flags.get_int("connect-retry-ms", 0, 0, 600000);
   cfg.quiet = flags.has("quiet");
+  cfg.stop_on_error = flags.has("stop-on-error");
+  cfg.options.keepalive_interval =
+      std::chrono::milliseconds(flags.get_int("keepalive-ms", 0, 0, 86400000));
+  cfg.options.keepalive_timeout =
+      std::chrono::milliseconds(flags.get_int("keepalive-timeout-ms", 5000, 1, 86400000));
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
   cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {

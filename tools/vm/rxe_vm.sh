@@ -4,7 +4,7 @@
 # root is shared read-only under a tmpfs overlay), so binaries built on the host run unchanged.
 #
 #   tools/vm/rxe_vm.sh [--timeout SECONDS] [--mtu N] [--mem SIZE] [--share DIR]
-#                      [--peer 'PEER COMMAND'] [--] COMMAND [ARGS...]
+#                      [--peer 'PEER COMMAND' [--freeze-peer-on TEXT]] [--] COMMAND [ARGS...]
 #
 # --mem: the guest's memory (default $RDMARPC_VM_MEM or 2G; qemu syntax, e.g. 6G). Sanitizer
 # builds need more (TSan's shadow memory: --config=tsan sets RDMARPC_VM_MEM=6G).
@@ -20,7 +20,9 @@
 # main guest (198.18.0.1) runs COMMAND; the two are joined by a virtio link over a unix socket,
 # and rxe0 sits on that link in each, so RDMA traffic crosses a wire between two kernels.
 # $RXE_PEER_ADDR holds the other guest's address. The peer's output is prefixed "[peer] "; it is
-# stopped when COMMAND ends.
+# stopped when COMMAND ends. --freeze-peer-on TEXT: when COMMAND prints a line containing TEXT,
+# the peer VM is frozen (SIGSTOP to its qemu): a machine that stops dead, sending nothing, not
+# even a reset, which is what keepalive exists to notice.
 #
 # The kernel (Debian's linux-image-amd64 package) is fetched once with `apt-get download` into
 # $RDMARPC_VM_CACHE (default ~/.cache/rdmarpc-vm) and unpacked there, never installed.
@@ -31,6 +33,7 @@ mtu=1500
 mem_opt="${RDMARPC_VM_MEM:-2G}"
 share=""
 peer_cmd=""
+freeze_on=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --timeout) timeout_s="$2"; shift 2 ;;
@@ -38,8 +41,9 @@ while [ $# -gt 0 ]; do
     --mem) mem_opt="$2"; shift 2 ;;
     --share) share=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --peer) peer_cmd="$2"; shift 2 ;;
+    --freeze-peer-on) freeze_on="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -101,7 +105,8 @@ run=$(mktemp -d /tmp/rxe_vm.XXXXXX)
 chmod 777 "$run"
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # CONT first: a frozen (--freeze-peer-on) qemu would otherwise never act on the TERM.
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
   rm -rf "$run"
 }
 trap cleanup EXIT
@@ -164,6 +169,17 @@ else
   qpid=$!; pids+=("$qpid")
   tail -s 0.2 -n +1 -f "$run/peer/output" --pid="$ppid" 2>/dev/null | sed -u 's/^/[peer] /' &
   pids+=($!)
+  if [ -n "$freeze_on" ]; then
+    # A polling loop, not `tail -f | grep`: that pipeline only ends when tail does.
+    ( while kill -0 "$qpid" 2>/dev/null; do
+        if grep -q -F -- "$freeze_on" "$run/main/output" 2>/dev/null; then
+          kill -STOP "$ppid" 2>/dev/null && say "peer VM frozen (SIGSTOP)"
+          break
+        fi
+        sleep 0.1
+      done ) </dev/null >/dev/null &
+    pids+=($!)
+  fi
 fi
 tail -s 0.2 -n +1 -f "$run/main/output" --pid="$qpid" &
 tpid=$!; pids+=("$tpid")
@@ -175,7 +191,7 @@ killer=$!
 wait "$qpid" || true
 pkill -P "$killer" sleep 2>/dev/null || true
 kill "$killer" 2>/dev/null || true
-[ -n "${ppid:-}" ] && { kill "$ppid" 2>/dev/null || true; }
+[ -n "${ppid:-}" ] && { kill -CONT "$ppid" 2>/dev/null || true; kill "$ppid" 2>/dev/null || true; }
 # tail ends by itself once it has printed everything and sees qemu gone.
 wait "$tpid" 2>/dev/null || true
 

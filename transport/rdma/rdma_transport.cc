@@ -428,6 +428,8 @@ class RdmaConnection final : public Connection,
                                               asio::as_tuple(asio::use_awaitable)) ||
                          timer.async_wait(asio::as_tuple(asio::use_awaitable)));
       if (r.index() == 1) co_return nullptr;
+      // The wait was cancelled (the caller gave up on the connect, or the connection closed).
+      if (std::get<0>(std::get<0>(r))) co_return nullptr;
     }
   }
 
