@@ -71,11 +71,9 @@ class ChannelCore final : public transport::ConnectionHandler,
   // For Channel::Connect: waits until the handshake of the first connection has an outcome.
   asio::awaitable<Status> AwaitFirstConnection() {
     while (state_ == State::kHandshaking) {
-      ready_waiter_ = true;
       first_ready_.expires_at(asio::steady_timer::time_point::max());
       co_await first_ready_.async_wait(asio::as_tuple(asio::use_awaitable));
     }
-    ready_waiter_ = false;
     if (state_ == State::kReady) co_return Status();
     co_return last_error_.ok() ? Status(StatusCode::kUnavailable, "connection to " + target_ + " lost")
                                : last_error_;
@@ -202,7 +200,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     const State before = state_;
     if (state_ != State::kShutdown) state_ = State::kDown;
-    if (ready_waiter_) first_ready_.cancel();
+    first_ready_.cancel();  // wakes Channel::Connect, if it waits
     WakeWaiters();  // fail-fast waiters fail now; wait-for-ready ones wait for the reconnect
     if (state_ == State::kShutdown || !options_.reconnect || !started_) return;
     if (before == State::kReady || before == State::kDraining) {
@@ -289,15 +287,12 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   // After a wait: the reason to stop waiting (deadline, cancellation), or OK to try again.
   Status GaveUp(Clock::time_point deadline, const CallOptions& options, bool woken) {
-    if (!woken && deadline != Clock::time_point::max() && Clock::now() >= deadline) {
-      return DeadlineStatus(options);
-    }
-    if (!woken) {
-      return Status(StatusCode::kCancelled,
-                    "call to " + target_ + " cancelled by the caller while waiting to be sent");
-    }
     if (deadline != Clock::time_point::max() && Clock::now() >= deadline) {
       return DeadlineStatus(options);
+    }
+    if (!woken) {  // the timer did not expire and nobody woke us: the caller cancelled
+      return Status(StatusCode::kCancelled,
+                    "call to " + target_ + " cancelled by the caller while waiting to be sent");
     }
     return Status();
   }
@@ -349,9 +344,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (state_ == State::kReady && Limit() != 0) {
       room = in_flight_ < Limit() ? Limit() - in_flight_ : 0;
     }
+    const bool may_go = state_ == State::kReady;
     for (Slot* s = waiting_.head; s && room > 0;) {
       Slot* next = s->next;
-      const bool may_go = state_ == State::kReady;
       const bool must_fail =
           state_ == State::kShutdown || (!s->wait_for_ready && state_ != State::kHandshaking);
       if (may_go || must_fail) {
@@ -438,11 +433,7 @@ class ChannelCore final : public transport::ConnectionHandler,
         weak, options_.keepalive_interval, options_.keepalive_timeout,
         [weak] {
           auto self = weak.lock();
-          if (!self || !self->conn_) return;
-          FrameHeader h;
-          h.type = FrameType::kPing;
-          h.call_id = ++self->pings_;
-          self->conn_->Send(internal::FrameWriter(h, std::string_view()));
+          if (self && self->conn_) internal::SendPing(*self->conn_, ++self->pings_);
         },
         [weak](std::string why) {
           auto self = weak.lock();
@@ -450,7 +441,7 @@ class ChannelCore final : public transport::ConnectionHandler,
           spdlog::warn("channel {}: {}; closing", self->target_, why);
           self->LoseConnection(why);
         });
-    if (ready_waiter_) first_ready_.cancel();
+    first_ready_.cancel();  // wakes Channel::Connect, if it waits
     WakeWaiters();
   }
 
@@ -571,8 +562,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   Keepalive keepalive_;
   uint64_t pings_ = 0;
   asio::steady_timer handshake_timer_;
-  asio::steady_timer first_ready_{executor_};
-  bool ready_waiter_ = false;
+  asio::steady_timer first_ready_{executor_};  // Channel::Connect waits on it for SETTINGS
   asio::steady_timer reconnect_timer_;
   std::weak_ptr<asio::cancellation_signal> reconnect_cancel_;  // of the attempt in progress
   std::chrono::milliseconds backoff_;

@@ -51,6 +51,14 @@ class FrameWriter final : public transport::MessageWriter {
   size_t payload_bytes_ = 0;
 };
 
+// Sends a keepalive PING (both ends of a connection may).
+inline void SendPing(transport::Connection& conn, uint64_t id) {
+  FrameHeader ping;
+  ping.type = FrameType::kPing;
+  ping.call_id = id;
+  conn.Send(FrameWriter(ping, std::string_view()));
+}
+
 // Answers a PING with a PONG carrying the same call id (both ends of a connection do this).
 inline void SendPong(transport::Connection& conn, uint64_t call_id) {
   FrameHeader pong;

@@ -101,11 +101,7 @@ class ServerConnection final : public transport::ConnectionHandler,
         weak, core_->options.keepalive_interval, core_->options.keepalive_timeout,
         [weak] {
           auto self = weak.lock();
-          if (!self || !self->conn_) return;
-          FrameHeader ping;
-          ping.type = FrameType::kPing;
-          ping.call_id = ++self->pings_;
-          self->conn_->Send(FrameWriter(ping, std::string_view()));
+          if (self && self->conn_) SendPing(*self->conn_, ++self->pings_);
         },
         [weak](std::string why) {
           auto self = weak.lock();
@@ -172,10 +168,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     // Nobody is left to answer: cancel what the connection's calls are doing.
     for (CancelHook* h = running_; h;) {
       CancelHook* next = h->next;
-      if (!h->context->cancelled()) {
-        h->context->MarkCancelled();
-        h->signal->emit(boost::asio::cancellation_type::terminal);
-      }
+      h->Cancel();
       h = next;
     }
     thread_->connections.erase(shared_from_this());
@@ -232,11 +225,10 @@ class ServerConnection final : public transport::ConnectionHandler,
   // walk over the running calls is cheaper than indexing every call.
   void OnCancel(uint64_t call_id) {
     for (CancelHook* h = running_; h; h = h->next) {
-      if (h->call_id != call_id) continue;
-      if (h->context->cancelled()) return;
-      h->context->MarkCancelled();
-      h->signal->emit(boost::asio::cancellation_type::terminal);
-      return;
+      if (h->call_id == call_id) {
+        h->Cancel();
+        return;
+      }
     }
   }
 

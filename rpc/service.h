@@ -48,6 +48,13 @@ struct CancelHook {
   boost::asio::cancellation_signal* signal = nullptr;
   CancelHook* prev = nullptr;
   CancelHook* next = nullptr;
+
+  // Marks the call cancelled and cancels what its handler awaits; once only.
+  void Cancel() {
+    if (context->cancelled()) return;
+    context->MarkCancelled();
+    signal->emit(boost::asio::cancellation_type::terminal);
+  }
 };
 
 // Implemented by the server's connection: where a finished call's response goes.

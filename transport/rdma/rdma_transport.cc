@@ -757,6 +757,13 @@ std::string SockaddrUri(const sockaddr* sa) {
   return Endpoint{Scheme::kRdma, host, port}.ToUri();
 }
 
+// Rejects a connect request, saying why in the reject's private data (the client reports it).
+void RejectWith(rdma_cm_id* id, Refusal why) {
+  uint8_t answer[kAnswerBytes];
+  EncodeAnswer(why, answer);
+  rdma_reject(id, answer, kAnswerBytes);
+}
+
 rdma_conn_param ConnParam(const uint8_t* desc) {
   rdma_conn_param p{};
   p.private_data = desc;
@@ -814,9 +821,7 @@ class RdmaListener final : public Listener {
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (refusal != Refusal::kNone) {
         spdlog::warn("rdma: refusing connection from {}: {}", peer, err);
-        uint8_t answer[kAnswerBytes];
-        EncodeAnswer(refusal, answer);
-        rdma_reject(child, answer, kAnswerBytes);
+        RejectWith(child, refusal);
         rdma_destroy_id(child);
         return;
       }
@@ -841,9 +846,7 @@ class RdmaListener final : public Listener {
       if (err.empty()) err = conn->Setup();
       if (!err.empty()) {
         spdlog::warn("rdma: set-up for {} failed: {}", peer, err);
-        uint8_t answer[kAnswerBytes];
-        EncodeAnswer(Refusal::kServerError, answer);
-        rdma_reject(raw, answer, kAnswerBytes);
+        RejectWith(raw, Refusal::kServerError);
         co_return;
       }
       conn->SetRemoteRing(remote);
