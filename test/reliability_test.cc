@@ -82,11 +82,6 @@ RawConnect(const std::string& uri) {
   co_return std::make_pair(conn.value(), peer);
 }
 
-asio::awaitable<void> Sleep(std::chrono::milliseconds d) {
-  asio::steady_timer t(co_await asio::this_coro::executor, d);
-  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-}
-
 }  // namespace
 
 TEST_CASE("authentication: a wrong or missing secret is refused before any call runs",
@@ -141,9 +136,7 @@ TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUST
   CHECK(stub.Echo(EchoRequest()).ok());
   // Room again once one leaves.
   a = Status(StatusCode::kCancelled, "dropped");
-  REQUIRE(RunLoop([&]() -> asio::awaitable<bool> {
-    co_return co_await WaitUntil([&] { return ts.server.connections() < 2; }, 5000ms);
-  }()));
+  REQUIRE(Eventually([&] { return ts.server.connections() < 2; }, 5000ms));
   auto d = Channel::ConnectBlocking(ts.uri);
   CHECK(d.ok());
 }
@@ -236,9 +229,7 @@ TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no 
       if (stub.Sleep(req, {.timeout = 10s}).ok()) ++ok;
     });
   }
-  REQUIRE(RunLoop([&]() -> asio::awaitable<bool> {
-    co_return co_await WaitUntil([&] { return ts->service.sleeping.load() == 5; }, 5000ms);
-  }()));
+  REQUIRE(Eventually([&] { return ts->service.sleeping.load() == 5; }, 5000ms));
   std::thread stopper([&] { ts->server.Shutdown(); });
   // Once the GOAWAY is in, new calls fail at once with UNAVAILABLE instead of going to the
   // draining server or waiting.
@@ -333,9 +324,7 @@ TEST_CASE("server keepalive closes a silent client's connection and cancels its 
   CHECK(peer->closed);
   CHECK(peer->Frames(FrameType::kPing).size() >= 1);
   // Its 60 s call was cancelled on the server when the connection went.
-  CHECK(RunLoop([&]() -> asio::awaitable<bool> {
-    co_return co_await WaitUntil([&] { return ts.service.cancelled_seen.load() == 1; }, 5000ms);
-  }()));
+  CHECK(Eventually([&] { return ts.service.cancelled_seen.load() == 1; }, 5000ms));
   std::this_thread::sleep_for(1000ms);
   TestService::BlockingStub stub(*live);
   CHECK(stub.Echo(EchoRequest()).ok());
@@ -363,9 +352,7 @@ TEST_CASE("a nested call inherits the handler's deadline", "[reliability][deadli
   auto slow = stub.Relay(req, {.timeout = 700ms});
   CHECK(slow.status().code() == StatusCode::kDeadlineExceeded);
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
-  CHECK(RunLoop([&]() -> asio::awaitable<bool> {
-    co_return co_await WaitUntil([&] { return back.service.cancelled_seen.load() == 1; }, 5000ms);
-  }()));
+  CHECK(Eventually([&] { return back.service.cancelled_seen.load() == 1; }, 5000ms));
 }
 
 TEST_CASE("garbage frames through a real transport close that connection only",

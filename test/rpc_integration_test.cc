@@ -372,14 +372,6 @@ TEST_CASE("rdma:// without an RDMA device fails at once with a clear message", "
   }
 }
 
-// Waits (in this thread) until `done()` or `limit` passes; returns done().
-template <class F>
-bool Eventually(F done, std::chrono::milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-  return done();
-}
-
 TEST_CASE("a cancelled call fails with CANCELLED at once; the handler sees it; no reply",
           "[rpc][cancel]") {
   auto listen = GENERATE(from_range(ListenUris()));

@@ -156,6 +156,17 @@ boost::asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) 
   co_return true;
 }
 
+// From plain (non-coroutine) test code: polls until `done()` holds or `limit` passes, and
+// returns done().
+template <class F>
+bool Eventually(F done, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
+
 // Runs `work` to completion on a fresh single-threaded io_context in this
 // thread.
 template <class T>

@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#targets[@]} -eq 0 ] && targets=(frame reassembler handshake)
-OUT="${OUT:-/tmp/rdmarpc-fuzz}"
+OUT="${OUT:-${TEST_TMPDIR:-/tmp}/rdmarpc-fuzz}"
 mkdir -p "$OUT"
 CXX="${CXX:-clang++}"
 command -v "$CXX" >/dev/null || { echo "run.sh: $CXX not found (bash tools/setup.sh installs clang)" >&2; exit 2; }
