@@ -24,6 +24,12 @@ namespace asio = boost::asio;
 
 namespace internal {
 
+// A failed connection attempt as callers see it: RESOURCE_EXHAUSTED when the server refused
+// for lack of room (connections, descriptors), else UNAVAILABLE.
+Status ConnectError(const transport::Error& e) {
+  return Status(e.busy ? StatusCode::kResourceExhausted : StatusCode::kUnavailable, e.message);
+}
+
 // The client state of a channel: pending-call slots indexed by call id, the connection (replaced
 // when it is lost and the channel reconnects), and the queue of calls waiting for room. Lives on
 // one thread; no locks. A call id is (slot generation << 32 | slot index), so a late response for
@@ -34,8 +40,9 @@ class ChannelCore final : public transport::ConnectionHandler,
  public:
   // kHandshaking: connected, waiting for the server's SETTINGS. kDraining: the server sent GOAWAY;
   // calls in flight finish, new ones are not sent there. kDown: no connection, reconnect pending
-  // (or not, with reconnect off). kShutdown: closed by the user; final.
-  enum class State { kHandshaking, kReady, kDraining, kDown, kShutdown };
+  // (or not, with reconnect off). kIdle: the server closed the connection for being idle; the
+  // next call reconnects (and waits for it). kShutdown: closed by the user; final.
+  enum class State { kHandshaking, kReady, kDraining, kDown, kIdle, kShutdown };
 
   ChannelCore(std::string target, transport::Executor ex, ChannelOptions options)
       : target_(std::move(target)),
@@ -56,6 +63,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     conn_ = std::move(conn);
     state_ = State::kHandshaking;
     goaway_.reset();
+    idle_goaway_ = false;
+    on_demand_ = false;
     conn_->Start(shared_from_this());
     handshake_timer_.expires_after(std::chrono::milliseconds(options_.transport.connect_timeout_ms));
     std::weak_ptr<ChannelCore> weak = shared_from_this();
@@ -86,11 +95,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
     }
     auto self = shared_from_this();  // the channel may be dropped while we wait
-    auto deadline = options.deadline;
-    if (options.timeout.count() > 0) {
-      deadline = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       options.timeout));
-    }
+    const auto deadline = EffectiveDeadline(options);
     const uint32_t index = AllocSlot();
     Slot& slot = *slots_[index];
     slot.reply = &reply;
@@ -103,6 +108,7 @@ class ChannelCore final : public transport::ConnectionHandler,
         FreeSlot(index);
         co_return s;
       }
+      if (state_ == State::kIdle) StartOnDemandConnect();
       EnqueueWaiter(&slot);
       slot.timer.expires_at(deadline);
       co_await slot.timer.async_wait(asio::as_tuple(asio::use_awaitable));
@@ -129,13 +135,17 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     internal::FrameWriter writer(h, options.metadata.empty() ? nullptr : &options.metadata,
                                  &request);
-    if (writer.size() > conn_->max_message_bytes()) {
+    // The smaller of our limit and the one the server announced: a request over the server's
+    // fails here, alone, instead of costing the connection every other call is using.
+    size_t max_message = conn_->max_message_bytes();
+    if (server_max_message_ != 0 && server_max_message_ < max_message) max_message = server_max_message_;
+    if (writer.size() > max_message) {
       FreeSlot(index);
       WakeWaiters();
       co_return Status(StatusCode::kResourceExhausted,
                        "request of " + std::to_string(writer.size()) +
-                           " bytes exceeds the message limit of " +
-                           std::to_string(conn_->max_message_bytes()));
+                           " bytes exceeds the message limit of " + std::to_string(max_message) +
+                           (max_message == conn_->max_message_bytes() ? "" : " set by the server"));
     }
     if (!conn_->Send(writer)) {
       FreeSlot(index);
@@ -148,16 +158,18 @@ class ChannelCore final : public transport::ConnectionHandler,
     Status status;
     if (slot.done) {
       status = std::move(slot.status);
-    } else if ((co_await asio::this_coro::cancellation_state).cancelled() !=
-               asio::cancellation_type::none) {
+      FreeSlot(index);
+      co_return status;
+    }
+    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+        asio::cancellation_type::none) {
       // The caller cancelled (e.g. through a cancellation slot bound to this call).
       status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
-      SendCancel(call_id);
     } else {
       status = DeadlineStatus(options);
-      SendCancel(call_id);
     }
-    FreeSlot(index);
+    SendCancel(call_id);
+    Abandon(index);
     co_return status;
   }
 
@@ -195,10 +207,20 @@ class ChannelCore final : public transport::ConnectionHandler,
     handshake_timer_.cancel();
     conn_.reset();  // breaks the connection <-> handler cycle
     FailSent(reason.message);
+    const State before = state_;
+    // The server closed an idle connection (GOAWAY flagged idle): nothing is wrong; reconnect
+    // when a call needs it.
+    const bool idle = before == State::kDraining && idle_goaway_ && options_.reconnect && started_;
+    if (idle) {
+      state_ = State::kIdle;
+      last_error_ = Status();
+      if (!waiting_.empty()) StartOnDemandConnect();
+      WakeWaiters();
+      return;
+    }
     if (last_error_.ok() || state_ == State::kReady || state_ == State::kDraining) {
       last_error_ = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + reason.message);
     }
-    const State before = state_;
     if (state_ != State::kShutdown) state_ = State::kDown;
     first_ready_.cancel();  // wakes Channel::Connect, if it waits
     WakeWaiters();  // fail-fast waiters fail now; wait-for-ready ones wait for the reconnect
@@ -250,6 +272,10 @@ class ChannelCore final : public transport::ConnectionHandler,
     bool queued = false;  // in waiting_
     bool sent = false;    // on the wire; counted in in_flight_
     bool done = false;
+    // The caller gave up (deadline, cancel) but the server still counts the call: the slot stays
+    // counted in in_flight_ until the server's answer (its CANCELLED acknowledgement, or a
+    // reply that crossed the CANCEL) or the end of the connection.
+    bool abandoned = false;
     bool wait_for_ready = false;
   };
 
@@ -268,13 +294,27 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
   bool HasRoom() const { return Limit() == 0 || in_flight_ < Limit(); }
 
+  // Whether a call that is not wait_for_ready may wait now: a connection is on its way.
+  bool ConnectionComing() const {
+    return state_ == State::kHandshaking || state_ == State::kIdle ||
+           (state_ == State::kDown && on_demand_) || (state_ == State::kDraining && idle_goaway_);
+  }
+
+  // After an idle close, the first call connects again (at once) and waits for the outcome.
+  void StartOnDemandConnect() {
+    if (state_ != State::kIdle) return;
+    state_ = State::kDown;
+    on_demand_ = true;
+    ScheduleReconnect(std::chrono::milliseconds(0));
+  }
+
   // Why a call that cannot go now must not wait either; OK when it may wait.
   Status NotAdmitted(const Slot& slot) const {
     if (state_ == State::kShutdown) {
       return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
     }
     if (state_ == State::kReady || slot.wait_for_ready) return Status();
-    if (state_ == State::kHandshaking) return Status();  // ready in a moment, or down
+    if (ConnectionComing()) return Status();  // ready in a moment, or down
     if (state_ == State::kDraining) {
       return Status(StatusCode::kUnavailable,
                     "server " + target_ + " is going away" +
@@ -295,6 +335,20 @@ class ChannelCore final : public transport::ConnectionHandler,
                     "call to " + target_ + " cancelled by the caller while waiting to be sent");
     }
     return Status();
+  }
+
+  // The earlier of the call's deadline and now + its timeout; a timeout too long for the clock
+  // (e.g. nanoseconds::max()) means no deadline rather than an overflow into the past.
+  static Clock::time_point EffectiveDeadline(const CallOptions& options) {
+    auto deadline = options.deadline;
+    if (options.timeout.count() > 0) {
+      const auto now = Clock::now();
+      const auto room = Clock::time_point::max() - now;
+      if (options.timeout < std::chrono::duration_cast<std::chrono::nanoseconds>(room)) {
+        deadline = std::min(deadline, now + std::chrono::duration_cast<Clock::duration>(options.timeout));
+      }
+    }
+    return deadline;
   }
 
   Status DeadlineStatus(const CallOptions& options) const {
@@ -348,7 +402,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     for (Slot* s = waiting_.head; s && room > 0;) {
       Slot* next = s->next;
       const bool must_fail =
-          state_ == State::kShutdown || (!s->wait_for_ready && state_ != State::kHandshaking);
+          state_ == State::kShutdown || (!s->wait_for_ready && !ConnectionComing());
       if (may_go || must_fail) {
         RemoveWaiter(s);
         s->timer.cancel();
@@ -369,7 +423,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     Slot& s = *slots_[index];
     s.active = true;
-    s.done = s.sent = s.queued = false;
+    s.done = s.sent = s.queued = s.abandoned = false;
     return index;
   }
 
@@ -378,7 +432,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (s.queued) RemoveWaiter(&s);
     const bool was_sent = s.sent;
     if (s.sent) --in_flight_;
-    s.active = s.sent = false;
+    s.active = s.sent = s.abandoned = false;
     s.reply = nullptr;
     s.status = Status();
     ++s.generation;
@@ -397,6 +451,10 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (index >= slots_.size()) return;
     Slot& s = *slots_[index];
     if (!s.active || !s.sent || s.done || s.generation != gen) return;  // late reply
+    if (s.abandoned) {
+      FreeSlot(index);  // the server is done with it too: it no longer counts
+      return;
+    }
     const auto code = static_cast<StatusCode>(f.header.status);
     if (code == StatusCode::kOk) {
       if (s.reply->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
@@ -420,6 +478,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       return;
     }
     server_limit_ = settings.max_concurrent_calls;
+    server_max_message_ = settings.max_message_bytes;
     if (state_ != State::kHandshaking) {
       WakeWaiters();  // the limit may have grown
       return;
@@ -453,6 +512,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (code == StatusCode::kOk) code = StatusCode::kUnavailable;
     goaway_ = Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
                                        std::min<size_t>(f.payload.size(), 4096)));
+    idle_goaway_ = (f.header.flags & kGoAwayFlagIdle) != 0;
     spdlog::info("channel {}: GOAWAY from server: {}", target_, goaway_->ToString());
     if (state_ == State::kHandshaking) {
       last_error_ = *goaway_;
@@ -484,8 +544,23 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (conn_) conn_->Close();
   }
 
-  // Fails every call on the wire with UNAVAILABLE (their replies can no longer come).
+  // The caller of a sent call gave up on it; see Slot::abandoned.
+  void Abandon(uint32_t index) {
+    Slot& s = *slots_[index];
+    if (!conn_ || conn_->closed()) {
+      FreeSlot(index);  // nobody on the other end counts it any more
+      return;
+    }
+    s.abandoned = true;
+    s.reply = nullptr;
+  }
+
+  // Fails every call on the wire with UNAVAILABLE (their replies can no longer come), and frees
+  // the abandoned ones (the server stopped counting them with the connection).
   void FailSent(const std::string& why) {
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i]->active && slots_[i]->abandoned) FreeSlot(i);
+    }
     for (auto& s : slots_) {
       if (s->active && s->sent && !s->done) {
         s->status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
@@ -540,8 +615,13 @@ class ChannelCore final : public transport::ConnectionHandler,
       co_return;
     }
     if (!conn.ok()) {
-      self->last_error_ = Status(StatusCode::kUnavailable, conn.error().message);
+      self->last_error_ = ConnectError(conn.error());
       spdlog::debug("channel {}: reconnect failed: {}", target, conn.error().message);
+      if (self->on_demand_) {
+        // The calls that woke the channel from idle learn now; later ones fail fast as usual.
+        self->on_demand_ = false;
+        self->WakeWaiters();
+      }
       self->ScheduleReconnect(self->NextBackoff());
       co_return;
     }
@@ -558,6 +638,9 @@ class ChannelCore final : public transport::ConnectionHandler,
   Status last_error_;
   std::optional<Status> goaway_;
   uint32_t server_limit_ = 0;
+  uint32_t server_max_message_ = 0;  // from SETTINGS; 0 = not announced
+  bool idle_goaway_ = false;         // the GOAWAY said the server closes us for being idle
+  bool on_demand_ = false;           // reconnecting because a call arrived while kIdle
   uint32_t in_flight_ = 0;
   Keepalive keepalive_;
   uint64_t pings_ = 0;
@@ -610,7 +693,7 @@ asio::awaitable<Result<std::shared_ptr<Channel>>> Channel::Connect(std::string u
                                                                    ChannelOptions options) {
   auto ex = co_await asio::this_coro::executor;
   auto conn = co_await transport::Connect(uri, ex, options.transport);
-  if (!conn.ok()) co_return Status(StatusCode::kUnavailable, conn.error().message);
+  if (!conn.ok()) co_return internal::ConnectError(conn.error());
   auto core = std::make_shared<internal::ChannelCore>(uri, ex, std::move(options));
   core->Adopt(conn.value());
   Status ready = co_await core->AwaitFirstConnection();

@@ -119,7 +119,7 @@ std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out) {
 
 void EncodeSettings(const Settings& s, std::byte* dst) {
   Put<uint32_t>(dst, s.max_concurrent_calls);
-  Put<uint32_t>(dst + 4, 0);
+  Put<uint32_t>(dst + 4, s.max_message_bytes);
 }
 
 std::string DecodeSettings(std::span<const std::byte> payload, Settings* out) {
@@ -128,6 +128,7 @@ std::string DecodeSettings(std::span<const std::byte> payload, Settings* out) {
            std::to_string(kSettingsBytes);
   }
   out->max_concurrent_calls = Get<uint32_t>(payload.data());
+  out->max_message_bytes = Get<uint32_t>(payload.data() + 4);
   return "";
 }
 

@@ -5,6 +5,7 @@
 // payload length is derived: payload = message - header - metadata.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -20,6 +21,10 @@ inline constexpr uint8_t kProtocolVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 32;
 // Metadata is small by design (routing keys, trace ids); larger data belongs in the message.
 inline constexpr size_t kMaxMetadataBytes = 64 * 1024;
+
+// GOAWAY flags: the server closes a connection that was idle (ServerOptions::idle_timeout);
+// nothing is wrong, and the client reconnects when it next has a call.
+inline constexpr uint8_t kGoAwayFlagIdle = 0x01;
 
 enum class FrameType : uint8_t {
   kRequest = 1,
@@ -64,11 +69,24 @@ std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out);
 
 const char* FrameTypeName(FrameType t);
 
+// The absolute deadline a request's `timeout_us` budget gives when it arrives at `now`. 0 means
+// none, and so does a budget beyond a century (kMaxBudgetUs): no caller means it, and adding it
+// to the clock would overflow (2^64-1 used to read as "already passed").
+inline constexpr uint64_t kMaxBudgetUs = 100ull * 365 * 24 * 3600 * 1000000;
+inline std::chrono::steady_clock::time_point DeadlineFromBudget(
+    uint64_t timeout_us, std::chrono::steady_clock::time_point now) {
+  if (timeout_us == 0 || timeout_us > kMaxBudgetUs) return std::chrono::steady_clock::time_point::max();
+  return now + std::chrono::microseconds(static_cast<int64_t>(timeout_us));
+}
+
 // The payload of the SETTINGS frame a server sends first on every connection: u32 the most
-// calls it runs at once for this connection (0 = no limit), u32 reserved. A client waits for it
-// before its first call and keeps within the limit.
+// calls it runs at once for this connection (0 = no limit), u32 the largest message it accepts
+// (0 = not announced). A client waits for it before its first call and keeps within both.
 struct Settings {
   uint32_t max_concurrent_calls = 0;
+  // The largest message the server accepts (0 = not announced): a client fails a larger request
+  // alone with RESOURCE_EXHAUSTED instead of sending it and losing the connection.
+  uint32_t max_message_bytes = 0;
 };
 inline constexpr size_t kSettingsBytes = 8;
 void EncodeSettings(const Settings& s, std::byte* dst);

@@ -1,6 +1,8 @@
 #include "rpc/server.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
@@ -8,10 +10,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <condition_variable>
 #include <future>
 #include <optional>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -44,10 +44,43 @@ struct ServerCore {
   std::atomic<bool> stopped{false};
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
+  std::atomic<int64_t> throttled{0};    // times a connection went over its memory budget
 
-  std::mutex mu;  // guards shutdown hand-off between threads (set-up path only)
-  std::condition_variable cv;
-  bool shutdown_requested = false;
+  // Shutdown hand-off to Run(): RequestShutdown sets the flag and writes a byte to the pipe Run()
+  // blocks on. Both are async-signal-safe (no lock, no allocation), as a signal handler needs.
+  std::atomic<bool> shutdown_requested{false};
+  int wake_read = -1, wake_write = -1;
+
+  ServerCore() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) == 0) {
+      wake_read = fds[0];
+      wake_write = fds[1];
+      fcntl(wake_write, F_SETFL, fcntl(wake_write, F_GETFL) | O_NONBLOCK);
+    }
+  }
+  ~ServerCore() {
+    if (wake_read >= 0) close(wake_read);
+    if (wake_write >= 0) close(wake_write);
+  }
+  void WakeRun() {
+    shutdown_requested.store(true);
+    if (wake_write >= 0) {
+      const char byte = 1;
+      [[maybe_unused]] ssize_t n = write(wake_write, &byte, 1);  // full pipe: already woken
+    }
+  }
+  void WaitForShutdownRequest() {
+    while (!shutdown_requested.load()) {
+      char buf[64];
+      if (wake_read < 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      ssize_t n = read(wake_read, buf, sizeof buf);
+      if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
 
   // Last, so that it is destroyed first: coroutine frames destroyed with an io_context still
   // touch the fields above.
@@ -64,7 +97,8 @@ class ServerConnection final : public transport::ConnectionHandler,
         conn_(std::move(conn)),
         executor_(conn_->executor()),
         peer_(conn_->peer()),
-        keepalive_(executor_) {}
+        keepalive_(executor_),
+        idle_timer_(executor_) {}
 
   const transport::Executor& executor() const override { return executor_; }
 
@@ -81,6 +115,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       spdlog::warn("server: turning {} away: at the limit of {} connections", peer_, max);
       SendGoAway(Status(StatusCode::kResourceExhausted,
                         "server is at its limit of " + std::to_string(max) + " connections"));
+      conn_->PauseReceiving();
       auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));
       timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
         self->Close();
@@ -90,6 +125,8 @@ class ServerConnection final : public transport::ConnectionHandler,
     counted_ = true;
     Settings settings;
     settings.max_concurrent_calls = core_->options.max_concurrent_calls_per_connection;
+    settings.max_message_bytes =
+        static_cast<uint32_t>(std::min<size_t>(conn_->max_message_bytes(), UINT32_MAX));
     std::byte payload[kSettingsBytes];
     EncodeSettings(settings, payload);
     FrameHeader h;
@@ -110,6 +147,7 @@ class ServerConnection final : public transport::ConnectionHandler,
                        why);
           self->Close();
         });
+    if (core_->options.idle_timeout.count() > 0) WatchIdle();
     if (core_->draining.load()) SendGoAway(ShuttingDown());
   }
 
@@ -118,11 +156,12 @@ class ServerConnection final : public transport::ConnectionHandler,
   }
 
   // Tells the client to send no more calls here (see ChannelCore::OnGoAway). Once per connection.
-  void SendGoAway(const Status& why) {
+  void SendGoAway(const Status& why, uint8_t flags = 0) {
     if (goaway_sent_ || !conn_ || conn_->closed()) return;
     goaway_sent_ = true;
     FrameHeader h;
     h.type = FrameType::kGoAway;
+    h.flags = flags;
     h.status = static_cast<uint32_t>(why.code());
     conn_->Send(FrameWriter(h, why.message()));
   }
@@ -136,15 +175,17 @@ class ServerConnection final : public transport::ConnectionHandler,
     DecodedFrame f;
     std::string err = DecodeFrame(message, &f);
     if (!err.empty()) {
-      // The stream can no longer be trusted; drop this connection, keep serving the others.
+      // The stream can no longer be trusted: read nothing more from it, but let the calls that
+      // arrived before the bad frame finish and deliver their replies, then close. Everyone
+      // else is served as before.
       spdlog::warn("server: malformed frame from {}: {}; closing that connection", peer_, err);
-      conn_->Close();
+      Break(Status(StatusCode::kInvalidArgument, "malformed frame: " + err));
       return;
     }
-    if (!counted_) return;  // turned away: nothing is served
+    if (!counted_ || broken_) return;  // turned away or broken: nothing more is served
     switch (f.header.type) {
       case FrameType::kRequest:
-        OnRequest(f);
+        OnRequest(f, message.size());
         break;
       case FrameType::kPing:
         internal::SendPong(*conn_, f.header.call_id);
@@ -157,11 +198,15 @@ class ServerConnection final : public transport::ConnectionHandler,
         // and are ignored, as the protocol specifies.
         break;
     }
+    Throttle();
   }
+
+  void OnSendProgress() override { Throttle(); }
 
   void OnClose(const transport::Error& reason) override {
     spdlog::debug("server: connection from {} closed: {}", peer_, reason.message);
     keepalive_.Stop();
+    idle_timer_.cancel();
     conn_.reset();
     if (counted_) core_->connections.fetch_sub(1);
     counted_ = false;
@@ -188,37 +233,121 @@ class ServerConnection final : public transport::ConnectionHandler,
     hook->prev = hook->next = nullptr;
   }
 
-  void FinishCall(uint64_t call_id, const Status& status,
+  void FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
                   const google::protobuf::MessageLite* reply, bool deliver) override {
     core_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     --calls_;
-    if (!deliver) return;  // cancelled by the caller
+    held_bytes_ -= request_bytes;
+    ++finished_;
     if (!conn_ || conn_->closed()) return;  // the caller is gone; nothing to deliver
     FrameHeader h;
     h.type = FrameType::kResponse;
     h.call_id = call_id;
-    if (status.ok()) {
+    if (!deliver) {
+      // Cancelled by the caller, who has its answer already. The acknowledgement tells its
+      // channel that the call no longer counts against this connection's limit.
+      SendError(h, Status(StatusCode::kCancelled, "cancelled by the caller"));
+    } else if (status.ok()) {
       FrameWriter w(h, nullptr, reply);
       if (w.size() <= conn_->max_message_bytes()) {
         conn_->Send(w);
-        return;
+      } else {
+        SendError(h, Status(StatusCode::kResourceExhausted,
+                            "reply of " + std::to_string(w.size()) +
+                                " bytes exceeds the message limit of " +
+                                std::to_string(conn_->max_message_bytes())));
       }
-      SendError(h, Status(StatusCode::kResourceExhausted,
-                          "reply of " + std::to_string(w.size()) +
-                              " bytes exceeds the message limit of " +
-                              std::to_string(conn_->max_message_bytes())));
+    } else {
+      SendError(h, status);
+    }
+    if (broken_ && calls_ == 0) {
+      conn_->CloseAfterSending(kCloseGraceMs);
       return;
     }
-    SendError(h, status);
+    Throttle();
   }
 
  private:
+  // How long a connection closing after a protocol error or an idle GOAWAY waits for its last
+  // frames to reach the client (or, idle, for the client to close first).
+  static constexpr int kCloseGraceMs = 5000;
+
   void SendError(FrameHeader h, const Status& status) {
     h.status = static_cast<uint32_t>(status.code());
     std::string_view msg = status.message();
     // Keep error text small: it is for humans, not a data channel.
     if (msg.size() > 4096) msg = msg.substr(0, 4096);
     conn_->Send(FrameWriter(h, msg));
+  }
+
+  // The per-connection memory budget (ServerOptions::max_buffered_bytes_per_connection): requests
+  // held by running calls plus replies the client has not taken. Over it, stop receiving from
+  // this client (it can send no more than its transport window) until it falls to half.
+  void Throttle() {
+    if (!conn_ || broken_) return;
+    const size_t budget = core_->options.max_buffered_bytes_per_connection;
+    if (budget == 0) return;
+    const size_t used = held_bytes_ + conn_->queued_send_bytes();
+    if (!paused_ && used > budget) {
+      paused_ = true;
+      ++core_->throttled;
+      spdlog::debug("server: {} holds {} bytes (budget {}): not reading from it", peer_, used,
+                    budget);
+      conn_->PauseReceiving();
+    } else if (paused_ && used <= budget / 2) {
+      paused_ = false;
+      conn_->ResumeReceiving();
+    }
+  }
+
+  // A protocol error: tell the client why (GOAWAY), take nothing more from it, and close once
+  // the calls that arrived before the error have delivered their replies.
+  void Break(const Status& why) {
+    if (broken_ || !conn_) return;
+    broken_ = true;
+    conn_->PauseReceiving();
+    SendGoAway(why);
+    if (calls_ == 0) conn_->CloseAfterSending(kCloseGraceMs);
+  }
+
+  // Idle timeout: a connection with no call running that has started or finished no call for a
+  // whole idle_timeout gets GOAWAY (flagged idle: the client reconnects when it next needs to)
+  // and is closed. PINGs are not activity. Checked by a timer twice per timeout, so the work per
+  // call is one counter increment.
+  void WatchIdle() {
+    const auto period = core_->options.idle_timeout / 2;
+    idle_timer_.expires_after(std::max<std::chrono::milliseconds>(period, std::chrono::milliseconds(1)));
+    std::weak_ptr<ServerConnection> weak = shared_from_this();
+    idle_timer_.async_wait([weak](boost::system::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || !self->conn_) return;
+      self->IdleTick();
+    });
+  }
+
+  void IdleTick() {
+    const uint64_t activity = started_ + finished_;
+    if (calls_ > 0 || activity != activity_seen_) {
+      activity_seen_ = activity;
+      quiet_ticks_ = 0;
+    } else if (++quiet_ticks_ >= 2) {
+      if (idle_goaway_) {
+        // Told to go a grace period ago and still here: not one of our channels.
+        Close();
+        return;
+      }
+      spdlog::debug("server: {} idle for {} ms; sending GOAWAY", peer_,
+                    core_->options.idle_timeout.count());
+      idle_goaway_ = true;
+      SendGoAway(Status(StatusCode::kUnavailable,
+                        "connection idle for " + std::to_string(core_->options.idle_timeout.count()) +
+                            " ms; reconnect when needed"),
+                 kGoAwayFlagIdle);
+      // Our channels close at once on an idle GOAWAY; a call that crossed it is still served.
+      // Whoever is still here after the grace period is closed by the next ticks.
+      quiet_ticks_ = 0;
+    }
+    WatchIdle();
   }
 
   // The caller gave up on a call (cancelled it, or its deadline passed). Cancels are rare, so a
@@ -232,7 +361,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     }
   }
 
-  void OnRequest(const DecodedFrame& f) {
+  void OnRequest(const DecodedFrame& f, size_t bytes) {
     FrameHeader reply;
     reply.type = FrameType::kResponse;
     reply.call_id = f.header.call_id;
@@ -264,16 +393,15 @@ class ServerConnection final : public transport::ConnectionHandler,
         return;
       }
     }
-    auto deadline = ServerContext::Clock::time_point::max();
-    if (f.header.timeout_us) {
-      deadline = ServerContext::Clock::now() + std::chrono::microseconds(f.header.timeout_us);
-    }
+    const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
     const MethodEntry* entry = it->second.second;
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
     ++calls_;
+    ++started_;
+    held_bytes_ += bytes;
     entry->handler->Start(
         *it->second.first,
-        ServerCall(shared_from_this(), f.header.call_id,
+        ServerCall(shared_from_this(), f.header.call_id, bytes,
                    ServerContext(peer_, entry->info.full_name, deadline, std::move(md))),
         f.payload);
   }
@@ -284,10 +412,17 @@ class ServerConnection final : public transport::ConnectionHandler,
   transport::Executor executor_;
   std::string peer_;
   Keepalive keepalive_;
+  asio::steady_timer idle_timer_;
   uint64_t pings_ = 0;
-  uint32_t calls_ = 0;  // running on this connection
-  bool counted_ = false;  // served (false: turned away at the connection limit)
+  uint32_t calls_ = 0;        // running on this connection
+  size_t held_bytes_ = 0;     // request bytes of the running calls
+  uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
+  int quiet_ticks_ = 0;
+  bool counted_ = false;      // served (false: turned away at the connection limit)
   bool goaway_sent_ = false;
+  bool idle_goaway_ = false;
+  bool paused_ = false;       // receiving paused by Throttle
+  bool broken_ = false;       // protocol error: closing once its calls are done
   CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
 };
 
@@ -355,11 +490,7 @@ void Server::Start() {
   }
 }
 
-void Server::RequestShutdown() {
-  std::lock_guard lock(core_->mu);
-  core_->shutdown_requested = true;
-  core_->cv.notify_all();
-}
+void Server::RequestShutdown() { core_->WakeRun(); }
 
 void Server::Run() {
   Start();
@@ -372,10 +503,7 @@ void Server::Run() {
       RequestShutdown();
     });
   }
-  {
-    std::unique_lock lock(core_->mu);
-    core_->cv.wait(lock, [&] { return core_->shutdown_requested; });
-  }
+  core_->WaitForShutdownRequest();
   if (signals) {
     asio::post(core_->threads[0]->ioc, [&signals] { signals->cancel(); });
   }
@@ -429,11 +557,7 @@ void Server::Shutdown() {
     t->connections.clear();
   }
   core_->listeners.clear();
-  {
-    std::lock_guard lock(core_->mu);
-    core_->shutdown_requested = true;
-    core_->cv.notify_all();
-  }
+  core_->WakeRun();
 }
 
 std::vector<std::string> Server::listening_uris() const {
@@ -445,5 +569,7 @@ std::vector<std::string> Server::listening_uris() const {
 int64_t Server::in_flight_calls() const { return core_->in_flight.load(); }
 
 int64_t Server::connections() const { return core_->connections.load(); }
+
+int64_t Server::throttle_events() const { return core_->throttled.load(); }
 
 }  // namespace rdmarpc

@@ -38,6 +38,19 @@ struct ServerOptions {
   // running handlers are cancelled. Zero interval = off (the default).
   std::chrono::milliseconds keepalive_interval{0};
   std::chrono::milliseconds keepalive_timeout{5000};
+  // Memory one client can make the server hold: the requests of its running calls plus the
+  // replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
+  // the server stops reading from that client (TCP: its socket; RDMA: no ring credit goes back)
+  // until the figure falls to half: backpressure, not unbounded memory, and never a lost call.
+  // Calls already running still finish, so the worst case is this plus the replies of at most
+  // max_concurrent_calls_per_connection calls. 0 = no bound (not recommended).
+  size_t max_buffered_bytes_per_connection = 16u << 20;
+  // A connection on which no call has started or finished for this long, with none running, is
+  // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
+  // rings. Our channels then reconnect on their next call, so a legitimate client only pays a
+  // reconnect; keepalive PINGs do not count as activity. Checked twice per period, so a
+  // connection goes after between 1 and 1.5 times this. Zero = never.
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
 };
 
 namespace internal {
@@ -85,6 +98,8 @@ class Server {
   int64_t in_flight_calls() const;
   // Client connections currently served (not counting ones turned away at the limit).
   int64_t connections() const;
+  // How many times a connection went over max_buffered_bytes_per_connection and was paused.
+  int64_t throttle_events() const;
 
  private:
   std::shared_ptr<internal::ServerCore> core_;

@@ -61,10 +61,11 @@ struct CancelHook {
 class CallSink {
  public:
   virtual ~CallSink() = default;
-  // Sends the response (reply when status is OK) unless `deliver` is false (the caller
-  // cancelled), and releases the call's in-flight slot. Called once per call, on the
-  // connection's thread.
-  virtual void FinishCall(uint64_t call_id, const Status& status,
+  // Sends the response (reply when status is OK; when `deliver` is false because the caller
+  // cancelled, only a CANCELLED acknowledgement, so that both ends stop counting the call at the
+  // same moment) and releases the call's in-flight slot and the `request_bytes` it was charged.
+  // Called once per call, on the connection's thread.
+  virtual void FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
                           const google::protobuf::MessageLite* reply, bool deliver) = 0;
   virtual void Track(CancelHook* hook) = 0;
   virtual void Untrack(CancelHook* hook) = 0;
@@ -76,8 +77,14 @@ class CallSink {
 // unfinished (the server is tearing down), the caller gets UNAVAILABLE.
 class ServerCall {
  public:
-  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, ServerContext context)
-      : sink_(std::move(sink)), call_id_(call_id), context_(std::move(context)) {}
+  // `request_bytes`: the request's size, charged to the connection's memory budget until the
+  // call finishes.
+  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, size_t request_bytes,
+             ServerContext context)
+      : sink_(std::move(sink)),
+        call_id_(call_id),
+        request_bytes_(request_bytes),
+        context_(std::move(context)) {}
   ServerCall(ServerCall&&) = default;
   ServerCall& operator=(ServerCall&&) = delete;
   ~ServerCall() {
@@ -103,13 +110,14 @@ class ServerCall {
     if (!sink) return;
     if (tracked_) sink->Untrack(&hook_);
     tracked_ = false;
-    // A cancelled call gets no reply: the caller has already moved on.
-    sink->FinishCall(call_id_, status, reply, !context_.cancelled());
+    // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.
+    sink->FinishCall(call_id_, request_bytes_, status, reply, !context_.cancelled());
   }
 
  private:
   std::shared_ptr<internal::CallSink> sink_;
   uint64_t call_id_;
+  size_t request_bytes_;
   ServerContext context_;
   internal::CancelHook hook_;
   bool tracked_ = false;

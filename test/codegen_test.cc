@@ -71,6 +71,19 @@ class PingerImpl final : public Pinger::Service {
 
 class NothingImpl final : public store::Nothing::Service {};
 
+// `service Service`: its class is Service_.
+class ServiceNamedServiceImpl final : public store::Service_::Service {
+ public:
+  boost::asio::awaitable<rdmarpc::Status> Ping(rdmarpc::ServerContext&,
+                                               const google::protobuf::StringValue& in,
+                                               google::protobuf::StringValue& out) override {
+    out.set_value("pong:" + in.value());
+    co_return rdmarpc::Status();
+  }
+};
+class StubImpl final : public store::Stub_::Service {};
+class BlockingStubImpl final : public store::BlockingStub_::Service {};
+
 }  // namespace
 
 TEST_CASE("generated services with awkward names route every call to its own handler",
@@ -79,7 +92,14 @@ TEST_CASE("generated services with awkward names route every call to its own han
   BillingImpl billing;
   PingerImpl pinger;
   NothingImpl nothing;
+  ServiceNamedServiceImpl named_service;
+  StubImpl named_stub;
+  BlockingStubImpl named_blocking_stub;
   rdmarpc::Server server;
+  REQUIRE(server.AddService(named_service).ok());
+  REQUIRE(server.AddService(named_stub).ok());
+  REQUIRE(server.AddService(named_blocking_stub).ok());
+  CHECK(named_service.rdmarpc_service_name() == "acme.store.v1.Service");
   REQUIRE(server.AddService(inventory).ok());
   REQUIRE(server.AddService(billing).ok());
   REQUIRE(server.AddService(pinger).ok());
@@ -145,6 +165,18 @@ TEST_CASE("generated services with awkward names route every call to its own han
   REQUIRE(b.ok());
   CHECK(b->units() == 42);
   CHECK(b->currency() == "USD");
+
+  // Services named Service, Stub and BlockingStub work like any other.
+  store::Service_::BlockingStub named(*ch);
+  google::protobuf::StringValue hello;
+  hello.set_value("hi");
+  auto pong = named.Ping(hello);
+  REQUIRE(pong.ok());
+  CHECK(pong->value() == "pong:hi");
+  store::BlockingStub_::BlockingStub named2(*ch);
+  auto unimpl = named2.Service_(Empty());
+  CHECK(unimpl.status().code() == rdmarpc::StatusCode::kUnimplemented);
+  CHECK_THAT(unimpl.status().message(), Catch::Contains("/acme.store.v1.BlockingStub/Service"));
 
   Pinger::BlockingStub ping(*ch);
   PingRequest pr;

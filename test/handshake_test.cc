@@ -1,41 +1,78 @@
-// The connection handshake codec and the authentication token (transport/handshake.h).
-#include "transport/handshake.h"
-
+// The connection handshake without a network: HMAC-SHA256 against RFC 4231's vectors, the HELLO
+// and ANSWER codecs, and the challenge-response rules (mutual proof, no replay, no reuse across
+// servers or after expiry). The same exchange runs over real TCP and RDMA in reliability_test.
 #include <catch2/catch.hpp>
-#include <cstdio>
+
 #include <cstring>
+#include <string>
+
+#include "transport/handshake.h"
 
 using namespace rdmarpc::transport;
 
 namespace {
-std::string Hex(const AuthToken& t) {
-  std::string out;
-  char b[3];
-  for (uint8_t c : t) {
-    std::snprintf(b, sizeof b, "%02x", c);
-    out += b;
+
+std::string Hex(const std::array<uint8_t, 32>& d) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : d) {
+    s += kDigits[b >> 4];
+    s += kDigits[b & 15];
   }
-  return out;
+  return s;
 }
+
+// The full client/server exchange, in memory: what each side would send over the wire.
+struct Exchange {
+  Refusal first = Refusal::kNone;   // the server's answer to the first HELLO
+  Refusal second = Refusal::kNone;  // ... and to the HELLO with the proof
+  Hello proved;                     // the client's second HELLO
+  std::string client_verdict;       // the client's check of the server's proof ("" = good)
+};
+
+Exchange Run(const Authenticator& client, const Authenticator& server) {
+  Exchange x;
+  Hello h = client.NewHello();
+  Nonce challenge{};
+  x.first = server.Check(h, &challenge);
+  if (x.first == Refusal::kChallenge) {
+    client.Prove(&h, challenge);
+    Nonce unused{};
+    x.second = server.Check(h, &unused);
+  } else {
+    x.second = x.first;
+  }
+  x.proved = h;
+  if (x.second == Refusal::kNone) {
+    Answer a;
+    a.proof = server.ProveServer(h, Hello{});
+    x.client_verdict = client.CheckServer(h, Hello{}, a);
+  }
+  return x;
+}
+
 }  // namespace
 
-TEST_CASE("SHA-256 matches the FIPS 180-4 test vectors", "[handshake]") {
-  CHECK(Hex(Sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  CHECK(Hex(Sha256("abc")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  // 56 bytes: the padding spills into a second block.
-  CHECK(Hex(Sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")) ==
-        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  CHECK(Hex(Sha256(std::string(1000000, 'a'))) ==
-        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+TEST_CASE("HMAC-SHA256 matches RFC 4231", "[handshake]") {
+  CHECK(Hex(HmacSha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(Hex(HmacSha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // A key longer than the block size is hashed first (test case 6).
+  CHECK(Hex(HmacSha256(std::string(131, '\xaa'),
+                       "Test Using Larger Than Block-Size Key - Hash Key First")) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
-TEST_CASE("a HELLO round-trips, and a damaged one is refused with the reason", "[handshake]") {
-  Authenticator auth("s3cret");
+TEST_CASE("a HELLO round-trips through its 56 bytes", "[handshake]") {
   Hello h;
-  h.ring_addr = 0x1122334455667788ull;
-  h.ring_rkey = 0xabcdef;
+  h.ring_addr = 0x7f00123456789abcull;
+  h.ring_rkey = 0xdeadbeef;
   h.ring_bytes = 1 << 20;
-  auth.Sign(&h);
+  h.wants_auth = true;
+  h.has_proof = true;
+  for (int i = 0; i < 8; ++i) h.client_nonce[i] = uint8_t(i + 1), h.challenge[i] = uint8_t(40 + i);
+  for (int i = 0; i < 16; ++i) h.proof[i] = uint8_t(0xa0 + i);
   uint8_t buf[kHelloBytes];
   EncodeHello(h, buf);
   Hello back;
@@ -43,40 +80,130 @@ TEST_CASE("a HELLO round-trips, and a damaged one is refused with the reason", "
   CHECK(back.ring_addr == h.ring_addr);
   CHECK(back.ring_rkey == h.ring_rkey);
   CHECK(back.ring_bytes == h.ring_bytes);
-  CHECK(auth.Check(back) == Refusal::kNone);
-  CHECK(Authenticator("other").Check(back) == Refusal::kBadSecret);
-  Hello unsigned_hello;
-  CHECK(auth.Check(unsigned_hello) == Refusal::kBadSecret);
-  CHECK(Authenticator("").Check(unsigned_hello) == Refusal::kNone);
+  CHECK(back.wants_auth);
+  CHECK(back.has_proof);
+  CHECK(back.client_nonce == h.client_nonce);
+  CHECK(back.challenge == h.challenge);
+  CHECK(back.proof == h.proof);
 
-  CHECK_THAT(DecodeHello(buf, 20, &back), Catch::Contains("too short"));
-  CHECK_THAT(DecodeHello(nullptr, 0, &back), Catch::Contains("too short"));
+  CHECK_THAT(DecodeHello(buf, 10, &back), Catch::Contains("too short"));
   uint8_t bad[kHelloBytes];
   std::memcpy(bad, buf, sizeof bad);
   bad[0] ^= 1;
   CHECK_THAT(DecodeHello(bad, sizeof bad, &back), Catch::Contains("not an rdmarpc peer"));
   CHECK(RefusalForBadHello(bad, sizeof bad) == Refusal::kServerError);
   std::memcpy(bad, buf, sizeof bad);
-  bad[4] = 9;  // version
-  CHECK_THAT(DecodeHello(bad, sizeof bad, &back), Catch::Contains("unsupported handshake version 9"));
+  bad[4] = 2;  // the previous version (a static token) is refused by version, not misread
+  CHECK_THAT(DecodeHello(bad, sizeof bad, &back), Catch::Contains("unsupported handshake version 2"));
   CHECK(RefusalForBadHello(bad, sizeof bad) == Refusal::kBadVersion);
   std::memcpy(bad, buf, sizeof bad);
   bad[7] = 0x80;  // unknown flag
   CHECK_THAT(DecodeHello(bad, sizeof bad, &back), Catch::Contains("unknown handshake flags"));
+  std::memcpy(bad, buf, sizeof bad);
+  bad[6] = 2;  // a proof without asking for authentication
+  CHECK_FALSE(DecodeHello(bad, sizeof bad, &back).empty());
 }
 
 TEST_CASE("an ANSWER round-trips; unknown codes are errors", "[handshake]") {
   uint8_t buf[kAnswerBytes];
   for (Refusal r : {Refusal::kNone, Refusal::kBadSecret, Refusal::kBadVersion,
-                    Refusal::kServerError}) {
-    EncodeAnswer(r, buf);
-    Refusal back;
+                    Refusal::kServerError, Refusal::kChallenge, Refusal::kBusy}) {
+    Answer a;
+    a.code = r;
+    a.challenge[3] = 7;
+    a.proof[31] = 9;
+    EncodeAnswer(a, buf);
+    Answer back;
     REQUIRE(DecodeAnswer(buf, sizeof buf, &back).empty());
-    CHECK(back == r);
+    CHECK(back.code == r);
+    CHECK(back.challenge == a.challenge);
+    CHECK(back.proof == a.proof);
   }
   CHECK_THAT(RefusalText(Refusal::kBadSecret), Catch::Contains("authentication failed"));
+  CHECK_THAT(RefusalText(Refusal::kBusy), Catch::Contains("connection limit"));
   buf[6] = 77;
-  Refusal back;
+  Answer back;
   CHECK_THAT(DecodeAnswer(buf, sizeof buf, &back), Catch::Contains("unknown handshake answer"));
   CHECK_FALSE(DecodeAnswer(buf, 3, &back).empty());
+  // A refusal from a server of another version (8 bytes, as version 2 sent) is still understood.
+  uint8_t old[8] = {0x52, 0x50, 0x43, 0x31, 2, 0, 2, 0};
+  REQUIRE(DecodeAnswer(old, sizeof old, &back).empty());
+  CHECK(back.code == Refusal::kBadVersion);
+}
+
+TEST_CASE("both sides prove the same secret; a wrong or missing one fails", "[handshake]") {
+  const Authenticator server("correct horse battery staple");
+  auto ok = Run(Authenticator("correct horse battery staple"), server);
+  CHECK(ok.first == Refusal::kChallenge);
+  CHECK(ok.second == Refusal::kNone);
+  CHECK(ok.client_verdict.empty());
+
+  CHECK(Run(Authenticator("wrong"), server).second == Refusal::kBadSecret);
+  CHECK(Run(Authenticator(""), server).first == Refusal::kBadSecret);  // refused outright
+  // A server without a secret takes anyone, but a client with a secret does not take it: the
+  // server cannot prove what it does not know.
+  auto open = Run(Authenticator("correct horse battery staple"), Authenticator(""));
+  CHECK(open.second == Refusal::kNone);
+  CHECK_THAT(open.client_verdict, Catch::Contains("did not prove"));
+  CHECK(Run(Authenticator(""), Authenticator("")).client_verdict.empty());
+}
+
+TEST_CASE("a captured proof cannot be replayed or taken to another server", "[handshake]") {
+  const Authenticator client("s3cret-s3cret-s3cret");
+  const Authenticator server("s3cret-s3cret-s3cret");
+  auto x = Run(client, server);
+  REQUIRE(x.second == Refusal::kNone);
+  Nonce unused{};
+  // The very same HELLO again (an eavesdropper's replay): refused.
+  CHECK(server.Check(x.proved, &unused) == Refusal::kBadSecret);
+  // A copy of the server object shares its record of accepted proofs.
+  const Authenticator same_server = server;
+  CHECK(same_server.Check(x.proved, &unused) == Refusal::kBadSecret);
+  // Another server with the same secret did not issue that challenge.
+  const Authenticator other_server("s3cret-s3cret-s3cret");
+  CHECK(other_server.Check(x.proved, &unused) == Refusal::kBadSecret);
+  // Changing anything the proof covers breaks it: the ring fields, the nonce, the challenge.
+  auto fresh = [&] {
+    Hello h = client.NewHello();
+    Nonce c{};
+    REQUIRE(server.Check(h, &c) == Refusal::kChallenge);
+    client.Prove(&h, c);
+    return h;
+  };
+  Hello h = fresh();
+  h.ring_rkey ^= 1;
+  CHECK(server.Check(h, &unused) == Refusal::kBadSecret);
+  h = fresh();
+  h.client_nonce[0] ^= 1;
+  CHECK(server.Check(h, &unused) == Refusal::kBadSecret);
+  h = fresh();
+  h.challenge[0] ^= 1;  // the issue time: not a challenge this server made
+  CHECK(server.Check(h, &unused) == Refusal::kBadSecret);
+  // Two clients challenged in the same second are both served (challenges differ per nonce).
+  Hello a = fresh(), b = fresh();
+  CHECK(server.Check(a, &unused) == Refusal::kNone);
+  CHECK(server.Check(b, &unused) == Refusal::kNone);
+  // A server proof answers one client nonce only.
+  Answer answer;
+  answer.proof = server.ProveServer(a, Hello{});
+  CHECK(client.CheckServer(a, Hello{}, answer).empty());
+  CHECK_FALSE(client.CheckServer(b, Hello{}, answer).empty());
+}
+
+TEST_CASE("a challenge expires", "[handshake]") {
+  const Authenticator client("k"), server("k");
+  const uint32_t t0 = Authenticator::NowSeconds();
+  auto proved_at = [&](uint32_t issued_at) {
+    Hello h = client.NewHello();
+    Nonce c{};
+    REQUIRE(server.CheckAt(h, &c, issued_at) == Refusal::kChallenge);
+    client.Prove(&h, c);
+    return h;
+  };
+  Nonce unused{};
+  CHECK(server.CheckAt(proved_at(t0), &unused, t0 + kChallengeLifetimeS) == Refusal::kNone);
+  CHECK(server.CheckAt(proved_at(t0), &unused, t0 + kChallengeLifetimeS + 1) ==
+        Refusal::kBadSecret);
+  // Nor is a challenge from the future taken (a clock cannot run backwards here).
+  CHECK(server.CheckAt(proved_at(t0 + 100), &unused, t0) == Refusal::kBadSecret);
 }

@@ -64,9 +64,23 @@ TEST_CASE("the receiver rejects records outside the ring or out of order", "[rin
   REQUIRE(r.Accept(0, 10).empty());
   CHECK(r.head() == 64);
   CHECK_THAT(r.Accept(192, 10), Catch::Contains("expected 64"));
+  CHECK(r.TakeCredits(0) == 64);
   // A skip back to 0 frees the tail that was skipped.
   REQUIRE(r.Accept(0, 64).empty());
-  CHECK(r.TakeCredits(0) == 64 + (4096 - 64) + 64);
+  CHECK(r.TakeCredits(0) == (4096 - 64) + 64);
+}
+
+TEST_CASE("a sender that writes past its credits is caught", "[ring]") {
+  // While the receiver withholds credit (a paused connection), the sender may fill the ring
+  // exactly once; one more record is a protocol violation, not an overwrite.
+  ReceiveRing r(4096);
+  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r.Accept((i * 64) % 4096, 64).empty());
+  CHECK_THAT(r.Accept(0, 64), Catch::Contains("past its credits"));
+  // Once the credit is returned, the same record is fine.
+  ReceiveRing r2(4096);
+  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r2.Accept((i * 64) % 4096, 64).empty());
+  CHECK(r2.TakeCredits(0) == 4096);
+  CHECK(r2.Accept(0, 64).empty());
 }
 
 TEST_CASE("credits are returned only past the threshold", "[ring]") {

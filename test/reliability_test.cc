@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "rpc/frame.h"
+#include "test/raw_peer.h"
 #include "test/test_util.h"
 #include "transport/transport.h"
 
@@ -19,70 +20,6 @@ using namespace rdmarpc;
 using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
 
-namespace {
-
-// A peer that speaks the transport (handshake included) but not the RPC protocol: it sends
-// whatever bytes a test gives it and records what comes back. Lives on the test's io_context.
-struct RawPeer final : transport::ConnectionHandler {
-  std::vector<std::string> received;
-  bool closed = false;
-  std::string close_reason;
-  void OnMessage(std::span<const std::byte> m) override {
-    received.emplace_back(reinterpret_cast<const char*>(m.data()), m.size());
-  }
-  void OnClose(const transport::Error& e) override {
-    closed = true;
-    close_reason = e.message;
-  }
-  // The decoded frames of the given type received so far.
-  std::vector<FrameHeader> Frames(FrameType type) const {
-    std::vector<FrameHeader> out;
-    for (const auto& m : received) {
-      DecodedFrame f;
-      if (DecodeFrame(std::as_bytes(std::span(m.data(), m.size())), &f).empty() &&
-          f.header.type == type) {
-        out.push_back(f.header);
-      }
-    }
-    return out;
-  }
-};
-
-struct Bytes final : transport::MessageWriter {
-  explicit Bytes(std::string b) : bytes(std::move(b)) {}
-  size_t size() const override { return bytes.size(); }
-  void WriteTo(std::byte* dst) const override { std::memcpy(dst, bytes.data(), bytes.size()); }
-  std::string bytes;
-};
-
-std::string Frame(const FrameHeader& h, const std::string& payload) {
-  std::string out(kFrameHeaderBytes, '\0');
-  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(out.data()));
-  return out + payload;
-}
-
-std::string SleepRequestFrame(uint64_t call_id, uint32_t ms) {
-  FrameHeader h;
-  h.type = FrameType::kRequest;
-  h.method_id = MethodId("/rdmarpc.testing.TestService/Sleep");
-  h.call_id = call_id;
-  SleepRequest req;
-  req.set_ms(ms);
-  return Frame(h, req.SerializeAsString());
-}
-
-asio::awaitable<std::pair<std::shared_ptr<transport::Connection>, std::shared_ptr<RawPeer>>>
-RawConnect(const std::string& uri) {
-  auto ex = co_await asio::this_coro::executor;
-  const transport::Options options;  // named: GCC 12 mishandles class temporaries in co_await
-  auto conn = co_await transport::Connect(uri, ex, options);
-  if (!conn.ok()) throw std::runtime_error("raw connect: " + conn.error().message);
-  auto peer = std::make_shared<RawPeer>();
-  conn.value()->Start(peer);
-  co_return std::make_pair(conn.value(), peer);
-}
-
-}  // namespace
 
 TEST_CASE("authentication: a wrong or missing secret is refused before any call runs",
           "[reliability][auth]") {
@@ -113,10 +50,20 @@ TEST_CASE("authentication: a wrong or missing secret is refused before any call 
   REQUIRE(r.ok());
   CHECK(r->payload() == "authenticated");
 
-  // A server without a secret takes clients with one (the secret is the server's demand).
+  // Authentication is mutual: a client with a secret does not take a server that cannot prove
+  // it knows the same one (a rogue or misconfigured server gets none of its calls).
   TestServer open(listen);
   auto ch2 = Channel::ConnectBlocking(open.uri, co);
-  CHECK(ch2.ok());
+  REQUIRE_FALSE(ch2.ok());
+  CHECK_THAT(ch2.status().message(), Catch::Contains("did not prove"));
+  ServerOptions other{.io_threads = 1};
+  other.transport.auth_secret = "another secret";
+  TestServer impostor(listen, other);
+  auto ch3 = Channel::ConnectBlocking(impostor.uri, co);
+  REQUIRE_FALSE(ch3.ok());
+  CHECK_THAT(ch3.status().message(), Catch::Contains("authentication failed"));
+  // Without a secret on either side, anyone connects (the default).
+  CHECK(Channel::ConnectBlocking(open.uri).ok());
 }
 
 TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUSTED",

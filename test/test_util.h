@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -68,7 +70,13 @@ class TestServiceImpl final : public TestService::Service {
     }
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
                                 std::chrono::milliseconds(req.ms()));
-    co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    if (req.ignore_cancel()) {
+      // An empty cancellation slot: the caller's CANCEL does not reach this wait.
+      co_await t.async_wait(boost::asio::bind_cancellation_slot(
+          boost::asio::cancellation_slot(), boost::asio::as_tuple(boost::asio::use_awaitable)));
+    } else {
+      co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    }
     --sleeping;
     if (ctx.cancelled()) ++cancelled_seen;
     co_return Status();

@@ -9,6 +9,7 @@ PACKAGES=(
   libboost1.81-dev
   libprotobuf-dev libprotoc-dev protobuf-compiler
   libspdlog-dev libfmt-dev
+  libssl-dev
   catch2
   # benchmarks (tools/bench): plots, instruction counts, the report
   gnuplot-nox valgrind python3

@@ -8,9 +8,12 @@
 
 namespace rdmarpc::transport {
 
-// Why a transport operation failed, in words a user can act on.
+// Why a transport operation failed, in words a user can act on. `busy`: the peer refused for
+// lack of room (connections, descriptors), which the RPC layer reports as RESOURCE_EXHAUSTED
+// rather than UNAVAILABLE.
 struct Error {
   std::string message;
+  bool busy = false;
 };
 
 template <class T>

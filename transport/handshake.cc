@@ -1,55 +1,19 @@
 #include "transport/handshake.h"
 
 #include <endian.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
+#include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
 
 namespace rdmarpc::transport {
 namespace {
-
-constexpr uint32_t kRoundConstants[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
-
-constexpr uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-void Compress(uint32_t state[8], const uint8_t block[64]) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i) {
-    w[i] = (uint32_t(block[4 * i]) << 24) | (uint32_t(block[4 * i + 1]) << 16) |
-           (uint32_t(block[4 * i + 2]) << 8) | uint32_t(block[4 * i + 3]);
-  }
-  for (int i = 16; i < 64; ++i) {
-    const uint32_t s0 = Rotr(w[i - 15], 7) ^ Rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    const uint32_t s1 = Rotr(w[i - 2], 17) ^ Rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = state[0], b = state[1], c = state[2], d = state[3];
-  uint32_t e = state[4], f = state[5], g = state[6], h = state[7];
-  for (int i = 0; i < 64; ++i) {
-    const uint32_t t1 = h + (Rotr(e, 6) ^ Rotr(e, 11) ^ Rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-                        kRoundConstants[i] + w[i];
-    const uint32_t t2 = (Rotr(a, 2) ^ Rotr(a, 13) ^ Rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  state[0] += a, state[1] += b, state[2] += c, state[3] += d;
-  state[4] += e, state[5] += f, state[6] += g, state[7] += h;
-}
 
 void Put16(uint8_t* p, uint16_t v) {
   v = htole16(v);
@@ -58,6 +22,10 @@ void Put16(uint8_t* p, uint16_t v) {
 void Put32(uint8_t* p, uint32_t v) {
   v = htole32(v);
   std::memcpy(p, &v, 4);
+}
+void Put64(uint8_t* p, uint64_t v) {
+  v = htole64(v);
+  std::memcpy(p, &v, 8);
 }
 uint16_t Get16(const uint8_t* p) {
   uint16_t v;
@@ -69,52 +37,63 @@ uint32_t Get32(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return le32toh(v);
 }
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return le64toh(v);
+}
 
-constexpr uint16_t kFlagToken = 1;
+constexpr uint16_t kFlagWantsAuth = 1;
+constexpr uint16_t kFlagProof = 2;
+
+// The ring fields as they are on the wire (HELLO bytes 8..23): what the proofs cover.
+std::array<uint8_t, 16> RingFields(const Hello& h) {
+  std::array<uint8_t, 16> out{};
+  Put64(out.data(), h.ring_addr);
+  Put32(out.data() + 8, h.ring_rkey);
+  Put32(out.data() + 12, h.ring_bytes);
+  return out;
+}
+
+template <class... Parts>
+std::string Concat(std::string_view label, const Parts&... parts) {
+  std::string s(label);
+  (s.append(reinterpret_cast<const char*>(parts.data()), parts.size()), ...);
+  return s;
+}
+
+void RandomBytes(uint8_t* out, size_t n) {
+  if (RAND_bytes(out, static_cast<int>(n)) == 1) return;
+  // libcrypto's generator failing is near impossible; never leave a nonce predictable anyway.
+  std::random_device rd;
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(rd());
+}
 
 }  // namespace
 
-AuthToken Sha256(std::string_view data) {
-  uint32_t state[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
-  size_t n = data.size();
-  while (n >= 64) {
-    Compress(state, p);
-    p += 64;
-    n -= 64;
-  }
-  // Padding: 0x80, zeros, then the message length in bits as a big-endian u64.
-  uint8_t tail[128] = {};
-  std::memcpy(tail, p, n);
-  tail[n] = 0x80;
-  const size_t tail_len = n + 1 + 8 <= 64 ? 64 : 128;
-  const uint64_t bits = uint64_t(data.size()) * 8;
-  for (int i = 0; i < 8; ++i) tail[tail_len - 1 - i] = uint8_t(bits >> (8 * i));
-  Compress(state, tail);
-  if (tail_len == 128) Compress(state, tail + 64);
-  AuthToken out;
-  for (int i = 0; i < 8; ++i) {
-    out[4 * i] = uint8_t(state[i] >> 24);
-    out[4 * i + 1] = uint8_t(state[i] >> 16);
-    out[4 * i + 2] = uint8_t(state[i] >> 8);
-    out[4 * i + 3] = uint8_t(state[i]);
-  }
+std::array<uint8_t, 32> HmacSha256(std::string_view key, std::string_view data) {
+  std::array<uint8_t, 32> out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out.data(), &len);
   return out;
 }
 
 // Layout: u32 magic, u16 version, u16 flags, u64 ring addr, u32 rkey, u32 ring bytes,
-// 32-byte token (zeros unless flags has kFlagToken).
+// 8-byte client nonce, 8-byte challenge, 16-byte client proof.
 void EncodeHello(const Hello& h, uint8_t* out) {
   std::memset(out, 0, kHelloBytes);
   Put32(out, kHelloMagic);
   Put16(out + 4, kHandshakeVersion);
-  Put16(out + 6, h.has_token ? kFlagToken : 0);
-  const uint64_t addr = htole64(h.ring_addr);
-  std::memcpy(out + 8, &addr, 8);
+  Put16(out + 6, (h.wants_auth ? kFlagWantsAuth : 0) | (h.has_proof ? kFlagProof : 0));
+  Put64(out + 8, h.ring_addr);
   Put32(out + 16, h.ring_rkey);
   Put32(out + 20, h.ring_bytes);
-  if (h.has_token) std::memcpy(out + 24, h.token.data(), h.token.size());
+  std::memcpy(out + 24, h.client_nonce.data(), 8);
+  if (h.has_proof) {
+    std::memcpy(out + 32, h.challenge.data(), 8);
+    std::memcpy(out + 40, h.proof.data(), 16);
+  }
 }
 
 std::string DecodeHello(const void* data, size_t len, Hello* out) {
@@ -129,15 +108,22 @@ std::string DecodeHello(const void* data, size_t len, Hello* out) {
            std::to_string(kHandshakeVersion) + ")";
   }
   const uint16_t flags = Get16(p + 6);
-  if (flags & ~kFlagToken) return "unknown handshake flags " + std::to_string(flags);
-  uint64_t addr;
-  std::memcpy(&addr, p + 8, 8);
-  out->ring_addr = le64toh(addr);
+  if (flags & ~(kFlagWantsAuth | kFlagProof)) {
+    return "unknown handshake flags " + std::to_string(flags);
+  }
+  if ((flags & kFlagProof) && !(flags & kFlagWantsAuth)) return "a proof without authentication";
+  out->ring_addr = Get64(p + 8);
   out->ring_rkey = Get32(p + 16);
   out->ring_bytes = Get32(p + 20);
-  out->has_token = (flags & kFlagToken) != 0;
-  out->token = {};
-  if (out->has_token) std::memcpy(out->token.data(), p + 24, out->token.size());
+  out->wants_auth = (flags & kFlagWantsAuth) != 0;
+  out->has_proof = (flags & kFlagProof) != 0;
+  std::memcpy(out->client_nonce.data(), p + 24, 8);
+  out->challenge = {};
+  out->proof = {};
+  if (out->has_proof) {
+    std::memcpy(out->challenge.data(), p + 32, 8);
+    std::memcpy(out->proof.data(), p + 40, 16);
+  }
   return "";
 }
 
@@ -149,23 +135,38 @@ Refusal RefusalForBadHello(const void* data, size_t len) {
   return Refusal::kServerError;
 }
 
-// Layout: u32 magic, u16 version, u16 refusal code.
-void EncodeAnswer(Refusal r, uint8_t* out) {
+// Layout: u32 magic, u16 version, u16 code, 8-byte challenge, 32-byte server proof.
+void EncodeAnswer(const Answer& a, uint8_t* out) {
+  std::memset(out, 0, kAnswerBytes);
   Put32(out, kHelloMagic);
   Put16(out + 4, kHandshakeVersion);
-  Put16(out + 6, static_cast<uint16_t>(r));
+  Put16(out + 6, static_cast<uint16_t>(a.code));
+  std::memcpy(out + 8, a.challenge.data(), 8);
+  std::memcpy(out + 16, a.proof.data(), 32);
 }
 
-std::string DecodeAnswer(const void* data, size_t len, Refusal* out) {
-  if (data == nullptr || len < kAnswerBytes) return "handshake answer too short";
+std::string DecodeAnswer(const void* data, size_t len, Answer* out) {
   const auto* p = static_cast<const uint8_t*>(data);
+  // A server of another handshake version may answer with fewer bytes; its code still counts.
+  if (p == nullptr || len < 8) return "handshake answer too short";
   if (Get32(p) != kHelloMagic) return "not an rdmarpc server (bad handshake magic)";
-  // The version is not checked: a server that refuses our version says so in its own.
   const uint16_t code = Get16(p + 6);
-  if (code > static_cast<uint16_t>(Refusal::kServerError)) {
+  if (code > static_cast<uint16_t>(Refusal::kBusy)) {
     return "unknown handshake answer " + std::to_string(code);
   }
-  *out = static_cast<Refusal>(code);
+  *out = Answer{};
+  out->code = static_cast<Refusal>(code);
+  if (Get16(p + 4) != kHandshakeVersion) {
+    // Only a refusal is understood across versions (the server says it does not speak ours).
+    if (out->code == Refusal::kNone || out->code == Refusal::kChallenge) {
+      return "the server speaks handshake version " + std::to_string(Get16(p + 4)) +
+             ", this side " + std::to_string(kHandshakeVersion);
+    }
+    return "";
+  }
+  if (len < kAnswerBytes) return "handshake answer too short";
+  std::memcpy(out->challenge.data(), p + 8, 8);
+  std::memcpy(out->proof.data(), p + 16, 32);
   return "";
 }
 
@@ -180,25 +181,122 @@ std::string RefusalText(Refusal r) {
       return "the server does not speak this handshake version";
     case Refusal::kServerError:
       return "the server could not set the connection up";
+    case Refusal::kChallenge:
+      return "the server asked for proof of a shared secret, and we have none";
+    case Refusal::kBusy:
+      return "the server is at its connection limit (out of connections or descriptors)";
   }
   return "refused";
 }
 
-Authenticator::Authenticator(std::string_view secret) : required_(!secret.empty()) {
-  if (required_) token_ = Sha256(secret);
+// The (challenge, client nonce) pairs the server has accepted and when, so that none is
+// accepted twice. Entries older than a challenge's lifetime are dropped: their challenges are
+// refused as expired anyway. Only valid proofs get in, so its size is bounded by successful
+// connections per lifetime.
+struct Authenticator::ReplayRecord {
+  std::mutex mu;
+  std::multimap<uint32_t, std::array<uint8_t, 16>> by_time;  // issue time -> challenge+nonce
+
+  // False if `key` was already accepted.
+  bool Insert(uint32_t issued, const std::array<uint8_t, 16>& key, uint32_t now) {
+    std::lock_guard lock(mu);
+    while (!by_time.empty() && now - by_time.begin()->first > uint32_t(kChallengeLifetimeS)) {
+      by_time.erase(by_time.begin());
+    }
+    auto [lo, hi] = by_time.equal_range(issued);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second == key) return false;
+    }
+    by_time.emplace(issued, key);
+    return true;
+  }
+};
+
+Authenticator::Authenticator(std::string_view secret)
+    : secret_(secret), replay_(std::make_shared<ReplayRecord>()) {
+  RandomBytes(instance_key_.data(), instance_key_.size());
 }
 
-Refusal Authenticator::Check(const Hello& hello) const {
-  if (!required_) return Refusal::kNone;
-  // Constant time: how many leading bytes matched must not show in the timing.
-  uint8_t diff = hello.has_token ? 0 : 1;
-  for (size_t i = 0; i < token_.size(); ++i) diff |= uint8_t(hello.token[i] ^ token_[i]);
-  return diff == 0 ? Refusal::kNone : Refusal::kBadSecret;
+Hello Authenticator::NewHello() const {
+  Hello h;
+  h.wants_auth = has_secret();
+  RandomBytes(h.client_nonce.data(), h.client_nonce.size());
+  return h;
 }
 
-void Authenticator::Sign(Hello* hello) const {
-  hello->has_token = required_;
-  if (required_) hello->token = token_;
+void Authenticator::Prove(Hello* h, const Nonce& challenge) const {
+  h->has_proof = true;
+  h->challenge = challenge;
+  const auto mac = HmacSha256(
+      secret_, Concat("rdmarpc-v3 client", RingFields(*h), h->client_nonce, h->challenge));
+  std::memcpy(h->proof.data(), mac.data(), h->proof.size());
+}
+
+ServerProof Authenticator::ProveServer(const Hello& client, const Hello& server) const {
+  if (!has_secret() || !client.wants_auth) return ServerProof{};
+  return HmacSha256(secret_, Concat("rdmarpc-v3 server", RingFields(server), client.client_nonce,
+                                    client.challenge));
+}
+
+std::string Authenticator::CheckServer(const Hello& sent, const Hello& server,
+                                       const Answer& answer) const {
+  if (!has_secret()) return "";
+  const ServerProof want = HmacSha256(
+      secret_, Concat("rdmarpc-v3 server", RingFields(server), sent.client_nonce, sent.challenge));
+  if (!sent.has_proof || CRYPTO_memcmp(want.data(), answer.proof.data(), want.size()) != 0) {
+    return "authentication failed: the server did not prove that it knows the shared secret "
+           "(it has none configured, or another one)";
+  }
+  return "";
+}
+
+Nonce Authenticator::MakeChallenge(const Nonce& client_nonce, uint32_t issued_s) const {
+  Nonce c{};
+  Put32(c.data(), issued_s);
+  std::array<uint8_t, 4> issued;
+  std::memcpy(issued.data(), c.data(), 4);
+  const auto tag = HmacSha256(
+      std::string_view(reinterpret_cast<const char*>(instance_key_.data()), instance_key_.size()),
+      Concat("rdmarpc-v3 challenge", issued, client_nonce));
+  std::memcpy(c.data() + 4, tag.data(), 4);
+  return c;
+}
+
+// Seconds on this process's steady clock: a challenge's issue time, checked by the same process.
+uint32_t Authenticator::NowSeconds() {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+Refusal Authenticator::Check(const Hello& h, Nonce* challenge) const {
+  return CheckAt(h, challenge, NowSeconds());
+}
+
+Refusal Authenticator::CheckAt(const Hello& h, Nonce* challenge, uint32_t now) const {
+  if (!has_secret()) return Refusal::kNone;
+  if (!h.wants_auth) return Refusal::kBadSecret;
+  if (!h.has_proof) {
+    *challenge = MakeChallenge(h.client_nonce, now);
+    return Refusal::kChallenge;
+  }
+  // Ours (the tag), recent (the time), right (the proof), and the first time (the record).
+  const uint32_t issued = Get32(h.challenge.data());
+  const Nonce expect = MakeChallenge(h.client_nonce, issued);
+  if (CRYPTO_memcmp(expect.data(), h.challenge.data(), expect.size()) != 0) {
+    return Refusal::kBadSecret;
+  }
+  if (issued > now || now - issued > uint32_t(kChallengeLifetimeS)) return Refusal::kBadSecret;
+  Hello want = h;
+  Prove(&want, h.challenge);
+  if (CRYPTO_memcmp(want.proof.data(), h.proof.data(), want.proof.size()) != 0) {
+    return Refusal::kBadSecret;
+  }
+  std::array<uint8_t, 16> key;
+  std::memcpy(key.data(), h.challenge.data(), 8);
+  std::memcpy(key.data() + 8, h.client_nonce.data(), 8);
+  if (!replay_->Insert(issued, key, now)) return Refusal::kBadSecret;
+  return Refusal::kNone;
 }
 
 }  // namespace rdmarpc::transport

@@ -71,6 +71,10 @@ class ConnectionHandler {
   // The connection is closed, by either side or by an error; `reason` says which. Called exactly
   // once, never from inside Send or Close, and no OnMessage follows.
   virtual void OnClose(const Error& reason) = 0;
+  // Some queued bytes reached the peer (queued_send_bytes() went down). Called only while
+  // receiving is paused (Connection::PauseReceiving), so that a handler that paused because its
+  // peer was not taking replies learns when to resume. Never from inside Send.
+  virtual void OnSendProgress() {}
 };
 
 class Connection {
@@ -90,6 +94,25 @@ class Connection {
 
   // Closes the connection; queued messages may be lost. OnClose follows (posted).
   virtual void Close() = 0;
+
+  // Stops receiving and closes once every message already queued has reached the peer (e.g. a
+  // GOAWAY and the last replies after a protocol error). Gives up and closes anyway after
+  // `limit_ms`. OnClose follows as for Close.
+  virtual void CloseAfterSending(int limit_ms) = 0;
+
+  // Memory held for messages accepted by Send that have not reached the peer yet (TCP: not yet
+  // written to the socket, with the buffers' slack; RDMA: waiting for ring credit, with a
+  // per-message overhead). What a peer that does not read makes us hold.
+  virtual size_t queued_send_bytes() const = 0;
+
+  // Receive-side flow control, so that a server stops taking work from a peer that does not take
+  // its replies. While paused, no OnMessage is delivered and the peer is given no room to send
+  // more: TCP stops reading the socket (the kernel's window closes, the peer's writes block);
+  // RDMA stops returning ring credits (the peer may fill its ring once, then must wait; one that
+  // writes past its credits is closed as a protocol violation). ResumeReceiving delivers what
+  // arrived meanwhile, in order (posted, never from inside the call). Both are idempotent.
+  virtual void PauseReceiving() = 0;
+  virtual void ResumeReceiving() = 0;
 
   virtual bool closed() const = 0;
   virtual size_t max_message_bytes() const = 0;

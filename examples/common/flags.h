@@ -1,7 +1,11 @@
 // A tiny command-line flag parser for the samples: --name=value, --name value, --bool-flag.
 #pragma once
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -19,6 +23,10 @@ class Flags {
   Flags(int argc, char** argv, const std::map<std::string, bool>& known, bool positional = false) {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
+      if (a == "-h" && known.count("help")) {  // what everyone types first
+        values_["help"].push_back("");
+        continue;
+      }
       if (positional && a == "--") {
         for (++i; i < argc; ++i) positional_.push_back(argv[i]);
         return;
@@ -85,14 +93,29 @@ class Flags {
   std::string auth_secret() {
     if (!has("auth-secret-file")) return "";
     const std::string path = get("auth-secret-file", "");
-    std::ifstream in(path, std::ios::binary);
-    std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-    if (!in.good() && !in.eof()) {
-      error_ = "cannot read --auth-secret-file " + path;
-    } else if (secret.empty()) {
-      error_ = "--auth-secret-file " + path + " is missing or empty";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      error_ = "cannot read --auth-secret-file " + path + ": " + std::strerror(errno);
+      return "";
     }
+    if (!S_ISREG(st.st_mode)) {
+      error_ = "--auth-secret-file " + path + " is not a regular file";
+      return "";
+    }
+    std::string secret;
+    try {
+      std::ifstream in(path, std::ios::binary);
+      secret.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) {
+        error_ = "cannot read --auth-secret-file " + path;
+        return "";
+      }
+    } catch (const std::exception& e) {
+      error_ = "cannot read --auth-secret-file " + path + ": " + e.what();
+      return "";
+    }
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (secret.empty()) error_ = "--auth-secret-file " + path + " is empty";
     return secret;
   }
 

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "examples/common/flags.h"
+#include "examples/common/server_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/rdmarpc.h"
 
@@ -14,7 +15,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--auth-secret-file F]\n"
-    "                   [--log-level LEVEL]\n"
+    "                   [--log-level LEVEL] [limits, below]\n"
     "\n"
     "Serves demo.Echo (proto/echo.proto) until SIGINT or SIGTERM, then drains in-flight calls.\n"
     "\n"
@@ -25,10 +26,18 @@ constexpr char kUsage[] =
     "                     per I/O thread busy; also RDMARPC_BUSY_POLL=1)\n"
     "  --auth-secret-file F  refuse clients that do not present the secret in file F\n"
     "  --log-level LEVEL  trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or info)\n"
-    "  --help             this text\n"
+    "  --help, -h         this text\n"
+    "\n"
+    "%LIMITS%"
     "\n"
     "Prints 'listening on URI' for each address once it accepts connections.\n"
     "Exit codes: 0 clean shutdown, 1 could not listen, 2 bad arguments.\n";
+
+std::string Usage() {
+  std::string u = kUsage;
+  u.replace(u.find("%LIMITS%"), 8, rdmarpc::examples::kServerFlagsUsage);
+  return u;
+}
 
 class EchoService final : public demo::Echo::Service {
  public:
@@ -46,28 +55,29 @@ class EchoService final : public demo::Echo::Service {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
-                                  {"auth-secret-file", true}, {"help", false}});
+  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags({{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
+                                  {"auth-secret-file", true}, {"help", false}}));
   if (flags.has("help")) {
-    std::cout << kUsage;
+    std::cout << Usage();
     return 0;
   }
   const long threads = flags.get_int("threads", 1, 1, 256);
   const std::string secret = flags.auth_secret();
+  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
+  rdmarpc::examples::ApplyServerFlags(flags, options);
   if (!flags.error().empty()) {
-    std::cerr << "echo_server: " << flags.error() << "\n\n" << kUsage;
+    std::cerr << "echo_server: " << flags.error() << "\n(see echo_server --help)\n";
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "echo_server: unknown log level\n\n" << kUsage;
+    std::cerr << "echo_server: unknown log level (trace|debug|info|warn|error|off)\n";
     return 2;
   }
   std::vector<std::string> uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7471");
 
   EchoService service;
-  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
+  rdmarpc::examples::RaiseFileLimit();
   if (flags.has("busy-poll")) options.transport.busy_poll = true;
   options.transport.auth_secret = secret;
   rdmarpc::Server server(options);

@@ -28,6 +28,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kv [--targets URI[,URI...]]... [--timeout-ms N] [--log-level L] COMMAND [ARGS]\n"
+    "       kv --help | -h\n"
     "\n"
     "Commands:\n"
     "  get KEY                          print KEY's value and version\n"
@@ -45,6 +46,7 @@ constexpr char kUsage[] =
     "                   repeated, spread keys over the servers by consistent hashing.\n"
     "  --timeout-ms N   per-call deadline (default 5000; 0 = none).\n"
     "  --auth-secret-file F  present the secret in file F (for servers that require one).\n"
+    "  --log-level L    trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn).\n"
     "\n"
     "Values print as text with non-printable bytes as \\xNN.\n"
     "Exit codes: 0 done, 1 a call failed (e.g. ABORTED on a version mismatch), 2 bad arguments,\n"
@@ -240,8 +242,14 @@ int main(int argc, char** argv) {
       if (!one.empty()) a.targets.push_back(one);
     }
   }
-  if (a.targets.empty()) a.targets.push_back("tcp://127.0.0.1:7480");
   std::string bad = flags.error();
+  if (a.targets.empty()) {
+    if (flags.has("targets")) {
+      if (bad.empty()) bad = "--targets names no server";
+    } else {
+      a.targets.push_back("tcp://127.0.0.1:7480");
+    }
+  }
   const auto& pos = flags.positional();
   if (bad.empty() && pos.empty()) bad = "no command given";
   if (bad.empty()) {
@@ -266,8 +274,9 @@ int main(int argc, char** argv) {
     a.expected = static_cast<uint64_t>(flags.get_int("expect-version", 0, 0, LONG_MAX));
   }
   if (bad.empty()) bad = flags.error();
-  if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", "warn")))
+  if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
     bad = "unknown log level";
+  }
   if (!bad.empty()) {
     std::cerr << "kv: " << bad << "\n\n" << kUsage;
     return 2;

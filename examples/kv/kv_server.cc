@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "examples/common/flags.h"
+#include "examples/common/server_flags.h"
 #include "examples/kv/engine.h"
 #include "examples/kv/kv_service.h"
 #include "rpc/logging.h"
@@ -18,6 +19,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: kv_server [--listen URI]... [--threads N] [--engine memory|rocksdb]\n"
     "                 [--data-dir DIR] [--sync] [--auth-secret-file F] [--log-level LEVEL]\n"
+    "                 [limits, below]\n"
     "\n"
     "Serves kv.KV (proto/kv.proto) until SIGINT or SIGTERM, then finishes in-flight calls,\n"
     "flushes the engine and exits.\n"
@@ -32,6 +34,7 @@ constexpr char kUsage[] =
     "                   killed (SIGKILL included) but not a machine crash.\n"
     "  --auth-secret-file F  refuse clients that do not present the secret in file F.\n"
     "  --log-level L    trace, debug, info (default), warn, error, off.\n"
+    "  --help, -h       this text.\n"
     "\n"
     "Prints 'listening on URI' for each address once it accepts connections.\n"
     "Exit codes: 0 clean shutdown, 1 could not start, 2 bad arguments.\n";
@@ -39,20 +42,22 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"listen", true},
+  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags({{"listen", true},
                                   {"threads", true},
                                   {"engine", true},
                                   {"data-dir", true},
                                   {"sync", false},
                                   {"log-level", true},
                                   {"auth-secret-file", true},
-                                  {"help", false}});
+                                  {"help", false}}));
   if (flags.has("help")) {
-    std::cout << kUsage;
+    std::string usage = kUsage;
+    std::cout << usage << "\n" << rdmarpc::examples::kServerFlagsUsage;
     return 0;
   }
   const long threads = flags.get_int("threads", 2, 1, 256);
+  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
+  rdmarpc::examples::ApplyServerFlags(flags, options);
   const std::string secret = flags.auth_secret();
   const std::string data_dir = flags.get("data-dir", "");
   const std::string engine_name = flags.get("engine", data_dir.empty() ? "memory" : "rocksdb");
@@ -66,12 +71,15 @@ int main(int argc, char** argv) {
   if (bad.empty() && engine_name == "memory" && !data_dir.empty()) {
     bad = "--data-dir is for --engine rocksdb";
   }
+  if (bad.empty() && engine_name == "memory" && flags.has("sync")) {
+    bad = "--sync is for --engine rocksdb (the memory engine keeps nothing on disk)";
+  }
   if (!bad.empty()) {
-    std::cerr << "kv_server: " << bad << "\n\n" << kUsage;
+    std::cerr << "kv_server: " << bad << "\n(see kv_server --help)\n";
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "kv_server: unknown log level\n\n" << kUsage;
+    std::cerr << "kv_server: unknown log level (trace|debug|info|warn|error|off)\n";
     return 2;
   }
 
@@ -91,8 +99,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7480");
   {
-    rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads),
-                                   .handle_signals = true};
+    rdmarpc::examples::RaiseFileLimit();
     options.transport.auth_secret = secret;
     rdmarpc::Server server(options);
     if (auto s = server.AddService(service); !s.ok()) {

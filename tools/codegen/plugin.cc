@@ -61,7 +61,14 @@ std::string MethodName(const MethodDescriptor* m) {
   return name;
 }
 
-std::string ServiceClassName(const ServiceDescriptor* s) { return cpp::ResolveKeyword(s->name()); }
+// A service's class holds classes named Service, Stub and BlockingStub: a service named like
+// one of them would nest a class in a class of the same name, which C++ forbids.
+std::string ServiceClassName(const ServiceDescriptor* s) {
+  static const std::set<std::string> kNested = {"Service", "Stub", "BlockingStub"};
+  std::string name = cpp::ResolveKeyword(s->name());
+  if (kNested.count(name)) name += "_";
+  return name;
+}
 
 uint32_t MethodId(const std::string& full_name) {
   uint32_t h = 2166136261u;

@@ -1,7 +1,8 @@
 // Fuzz target: the TCP stream reassembler (transport/tcp/reassembler.h). The input is a byte
 // stream cut into reads of fuzzer-chosen sizes; the messages handed out must be exactly those a
 // whole-stream reference parse finds, in order, whatever the cuts, and a too-large length prefix
-// must stop the stream.
+// must stop the stream. The buffer must never grow past one whole message (or its initial size),
+// whatever the peer announces or however the reads fall.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     x = x * 1103515245u + 12345u;
     auto room = r.Writable();
     if (room.empty()) std::abort();
+    if (r.capacity() > std::max<size_t>(16, 4 + max_message)) std::abort();
     const size_t chunk = std::min({room.size(), n - at, size_t{1} + (x >> 16) % 64});
     std::memcpy(room.data(), stream + at, chunk);
     r.Commit(chunk);

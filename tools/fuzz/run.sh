@@ -27,7 +27,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
 declare -A sources=(
   [frame]="tools/fuzz/frame_fuzz.cc rpc/frame.cc"
   [reassembler]="tools/fuzz/reassembler_fuzz.cc"
-  [handshake]="tools/fuzz/handshake_fuzz.cc transport/handshake.cc"
+  [handshake]="tools/fuzz/handshake_fuzz.cc transport/handshake.cc -lcrypto"
 )
 status=0
 for t in "${targets[@]}"; do

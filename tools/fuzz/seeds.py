@@ -2,10 +2,11 @@
 """Writes the seed corpus of each fuzz target to tools/fuzz/corpus/<target>/ (checked in).
 
 Seeds are well-formed inputs the fuzzer mutates from: every frame type, metadata, handshakes with
-and without a token, and length-prefixed streams. Rerun after a protocol change:
+and without authentication, and length-prefixed streams. Rerun after a protocol change:
     python3 tools/fuzz/seeds.py
 """
 import hashlib
+import hmac
 import os
 import struct
 
@@ -25,14 +26,19 @@ def metadata(pairs):
     return out
 
 
-def hello(token=None, addr=0, rkey=0, ring=0):
-    flags = 1 if token is not None else 0
-    body = struct.pack("<IHHQII", 0x31435052, 2, flags, addr, rkey, ring)
-    return body + (token if token is not None else bytes(32))
+def hello(wants_auth=False, proof=None, addr=0, rkey=0, ring=0, version=3):
+    """A HELLO of handshake version 3: flags bit 0 = wants auth, bit 1 = challenge + proof."""
+    flags = (1 if wants_auth else 0) | (2 if proof is not None else 0)
+    body = struct.pack("<IHHQII", 0x31435052, version, flags, addr, rkey, ring)
+    nonce = bytes(range(1, 9))
+    if proof is None:
+        return body + nonce + bytes(24)
+    challenge, mac = proof
+    return body + nonce + challenge + mac
 
 
-def answer(code):
-    return struct.pack("<IHH", 0x31435052, 2, code)
+def answer(code, challenge=bytes(8), proof=bytes(32)):
+    return struct.pack("<IHH", 0x31435052, 3, code) + challenge + proof
 
 
 def stream(messages):
@@ -59,13 +65,15 @@ def main():
     write("frame", "settings", frame(7, struct.pack("<II", 1024, 0), call=0))
     write("frame", "truncated", frame(1, b"x")[:20])
 
-    token = hashlib.sha256(b"fuzz secret").digest()
     write("handshake", "hello_tcp", hello())
-    write("handshake", "hello_token", hello(token))
-    write("handshake", "hello_rdma", hello(token, addr=0x7F0012340000, rkey=0x1234, ring=1 << 20))
-    write("handshake", "hello_v1", struct.pack("<IHH", 0x31435052, 1, 0) + bytes(48))
-    for code in range(4):
-        write("handshake", "answer_%d" % code, answer(code))
+    write("handshake", "hello_wants_auth", hello(wants_auth=True))
+    mac = hmac.new(b"fuzz secret", b"not a real proof", hashlib.sha256).digest()[:16]
+    write("handshake", "hello_proof", hello(True, (bytes(range(8)), mac)))
+    write("handshake", "hello_rdma", hello(True, (bytes(8), mac), 0x7F0012340000, 0x1234, 1 << 20))
+    write("handshake", "hello_v2", hello(version=2))
+    for code in range(6):
+        write("handshake", "answer_%d" % code, answer(code, bytes(range(8)), bytes(range(32))))
+    write("handshake", "answer_v2", struct.pack("<IHH", 0x31435052, 2, 2))
 
     # Reassembler inputs: byte 0 seeds the read sizes, byte 1 sets the limit (1 + 4*b).
     write("reassembler", "small_messages", b"\x07\x40" + stream([b"a", b"", b"hello", b"x" * 60]))

@@ -20,10 +20,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "transport/handler_slot.h"
@@ -78,6 +80,10 @@ constexpr uint32_t kSignalEvery = 32;
 // of MiB (docs/RELIABILITY.md, "Soak").
 constexpr uint32_t kPollBudget = 256;
 constexpr int kResolveTimeoutMs = 2000;
+// What one message waiting for credit costs beyond its bytes (its vector, the deque slot, the
+// allocator's header), counted in queued_send_bytes() so that a flood of tiny messages (PONGs)
+// is charged for the memory it really takes.
+constexpr size_t kPendingOverheadBytes = 64;
 // What each side tells the other in the CM private data (a handshake Hello): where its receive
 // ring is, and from a client, the authentication token.
 struct RingDescriptor {
@@ -86,13 +92,12 @@ struct RingDescriptor {
   uint32_t bytes = 0;
 };
 
-void EncodeDescriptor(const RingDescriptor& d, const Authenticator* auth, uint8_t* out) {
-  Hello h;
+// A HELLO carrying `d` (and whatever authentication fields `h` already has).
+Hello WithRing(Hello h, const RingDescriptor& d) {
   h.ring_addr = d.addr;
   h.ring_rkey = d.rkey;
   h.ring_bytes = d.bytes;
-  if (auth) auth->Sign(&h);
-  EncodeHello(h, out);
+  return h;
 }
 
 // Returns an empty string and fills `d` (and `hello`, when given), or says why the bytes are not
@@ -467,15 +472,18 @@ class RdmaConnection final : public Connection,
       return;
     }
     if (!early_.empty()) {
+      // Completions polled before this replay runs are appended to early_ (see OnCompletion), so
+      // that records are processed in ring order.
       asio::post(executor_, [self = shared_from_this()] {
         auto early = std::move(self->early_);
-        for (const ibv_wc& wc : early) self->OnCompletion(wc);
+        self->early_.clear();
+        for (const ibv_wc& wc : early) self->Process(wc);
       });
     }
   }
 
   bool Send(const MessageWriter& message) override {
-    if (handler_.closed()) return false;
+    if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
     if (pending_.empty() && n + kRecordHeaderBytes <= send_ring_.max_record_bytes() && CanPost()) {
@@ -491,6 +499,7 @@ class RdmaConnection final : public Connection,
     // order as credits come back. Backpressure, never loss.
     std::vector<std::byte> copy(n);
     message.WriteTo(copy.data());
+    pending_bytes_ += n + kPendingOverheadBytes;
     pending_.push_back(std::move(copy));
     SendPending();
     return true;
@@ -498,13 +507,54 @@ class RdmaConnection final : public Connection,
 
   void Close() override { CloseWith("closed locally"); }
 
+  void CloseAfterSending(int limit_ms) override {
+    if (handler_.closed() || closing_) return;
+    closing_ = true;
+    paused_ = true;
+    MaybeFinishClosing();
+    if (handler_.closed()) return;
+    auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
+    timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
+      self->CloseWith("closed locally (the peer did not take the last messages in time)");
+    });
+  }
+
+  size_t queued_send_bytes() const override { return pending_bytes_ - pending_sent_; }
+
+  void PauseReceiving() override { paused_ = true; }
+
+  void ResumeReceiving() override {
+    if (!paused_ || closing_) return;
+    paused_ = false;
+    if (resume_posted_) return;
+    resume_posted_ = true;
+    asio::post(executor_, [self = shared_from_this()] {
+      self->resume_posted_ = false;
+      self->DeliverHeld();
+    });
+  }
+
   // --- completions -----------------------------------------------------------------------------
   void OnCompletion(const ibv_wc& wc) {
     if (handler_.closed()) return;  // flushed work requests after a close
-    if (!handler_.get()) {
+    if (!handler_.get() || !early_.empty()) {
       // The peer may send as soon as it sees ESTABLISHED, before this side has seen it and been
-      // started: keep those completions (their records stay in the ring) until Start.
+      // started: keep those completions (their records stay in the ring) until Start, and
+      // queue behind them whatever is polled before Start's replay of them has run.
       early_.push_back(wc);
+      return;
+    }
+    Process(wc);
+  }
+
+  void Process(const ibv_wc& wc) {
+    if (handler_.closed()) return;
+    if (wc.status == IBV_WC_SUCCESS && wc.wr_id == kRecvWrId && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+        !(be32toh(wc.imm_data) & kImmCreditBit) && (paused_ || !held_.empty())) {
+      // A data record while receiving is paused: it stays in the ring, unconsumed and uncredited,
+      // until ResumeReceiving. Send completions and credits are still taken: they are what lets
+      // our own queue drain.
+      held_.push_back(wc);
       return;
     }
     if (wc.status != IBV_WC_SUCCESS) {
@@ -514,7 +564,7 @@ class RdmaConnection final : public Connection,
     if (wc.wr_id != kRecvWrId) {
       // A signaled send: it and everything before it has left the send queue.
       send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
-      SendPending();
+      SendPendingAndReport();
       return;
     }
     // A receive (ThreadDevice::Poll reposts its SRQ request).
@@ -528,7 +578,7 @@ class RdmaConnection final : public Connection,
         CloseWith("protocol error: peer returned more credit than was used");
         return;
       }
-      SendPending();
+      SendPendingAndReport();
     } else {
       OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
     }
@@ -543,7 +593,56 @@ class RdmaConnection final : public Connection,
 
   bool CanPost() const { return send_unretired_ + 2 < send_depth_; }
 
-  bool PostWrite(uint32_t offset, uint32_t bytes, uint32_t imm) {
+  // From the completion path: sends what credits now allow, finishes a CloseAfterSending, and
+  // tells a handler that paused receiving that its queue went down.
+  void SendPendingAndReport() {
+    const size_t before = queued_send_bytes();
+    SendPending();
+    if (handler_.closed()) return;
+    if (closing_) {
+      MaybeFinishClosing();
+      return;
+    }
+    if (paused_ && queued_send_bytes() < before && handler_.get()) {
+      handler_.get()->OnSendProgress();
+    }
+  }
+
+  // CloseAfterSending: once nothing is queued, one signaled send retires every write before it;
+  // its completion (send_unretired_ back to 0) means they all reached the peer.
+  void MaybeFinishClosing() {
+    if (!pending_.empty()) return;
+    if (send_unretired_ == 0) {
+      CloseWith("closed locally");
+      return;
+    }
+    if (!final_signal_posted_ && CanPost()) {
+      final_signal_posted_ = true;
+      PostWrite(0, 0, kImmCreditBit, /*signal=*/true);  // a credit of 0 bytes: a no-op for the peer
+    }
+  }
+
+  // Records held while paused, in ring order, until paused again; then the credits they freed.
+  void DeliverHeld() {
+    while (!held_.empty() && !paused_ && !handler_.closed()) {
+      const ibv_wc wc = held_.front();
+      held_.pop_front();
+      const uint32_t imm = be32toh(wc.imm_data);
+      OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
+    }
+    if (!paused_ && !handler_.closed()) ReturnCredits();
+  }
+
+  // Returns credits once a quarter of the ring is free (ring.h explains why that suffices);
+  // never while paused, so that a peer that does not take our replies cannot send more.
+  void ReturnCredits() {
+    if (paused_) return;
+    if (uint64_t c = recv_ring_.TakeCredits(kRingBytes / 4)) {
+      PostWrite(0, 0, kImmCreditBit | static_cast<uint32_t>(c / kRecordAlignBytes));
+    }
+  }
+
+  bool PostWrite(uint32_t offset, uint32_t bytes, uint32_t imm, bool signal = false) {
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uint64_t>(send_.data) + offset;
     sge.length = bytes;
@@ -559,7 +658,7 @@ class RdmaConnection final : public Connection,
     ++send_unretired_;
     // Signal every kSignalEvery-th send, and every send once the queue is half full, so that a
     // signaled completion always comes to retire what is outstanding.
-    if (since_signal_ >= kSignalEvery || send_unretired_ * 2 >= send_depth_) {
+    if (signal || since_signal_ >= kSignalEvery || send_unretired_ * 2 >= send_depth_) {
       wr.send_flags |= IBV_SEND_SIGNALED;
       wr.wr_id = since_signal_;
       since_signal_ = 0;
@@ -589,6 +688,7 @@ class RdmaConnection final : public Connection,
       PostRecord(*at, static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       pending_sent_ += chunk;
       if (pending_sent_ == m.size()) {
+        pending_bytes_ -= m.size() + kPendingOverheadBytes;
         pending_.pop_front();
         pending_sent_ = 0;
       }
@@ -621,7 +721,8 @@ class RdmaConnection final : public Connection,
         reassembling_ = true;
         partial_total_ = total;
         partial_.clear();
-        partial_.reserve(total);
+        // Grows with the chunks that arrive, not with what the header announces: a peer cannot
+        // make us allocate for a message it never sends.
         partial_.insert(partial_.end(), data, data + len);
       } else {
         CloseWith("protocol error: record longer than its message");
@@ -641,10 +742,7 @@ class RdmaConnection final : public Connection,
       }
     }
     if (handler_.closed()) return;
-    // Return credits once a quarter of the ring is free (ring.h explains why that suffices).
-    if (uint64_t c = recv_ring_.TakeCredits(kRingBytes / 4)) {
-      PostWrite(0, 0, kImmCreditBit | static_cast<uint32_t>(c / kRecordAlignBytes));
-    }
+    ReturnCredits();
   }
 
   void CloseWith(std::string reason) {
@@ -656,6 +754,9 @@ class RdmaConnection final : public Connection,
     boost::system::error_code ignored;
     event_fd_.cancel(ignored);
     pending_.clear();
+    pending_bytes_ = pending_sent_ = 0;
+    held_.clear();
+    partial_ = {};
     asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
 
@@ -680,7 +781,13 @@ class RdmaConnection final : public Connection,
   ReceiveRing recv_ring_;
   SendRing send_ring_;
   std::deque<std::vector<std::byte>> pending_;
-  size_t pending_sent_ = 0;
+  size_t pending_bytes_ = 0;  // sum of pending_'s sizes
+  size_t pending_sent_ = 0;   // of pending_.front()
+  bool paused_ = false;       // PauseReceiving: records are held, credits withheld
+  bool resume_posted_ = false;
+  bool closing_ = false;      // CloseAfterSending
+  bool final_signal_posted_ = false;
+  std::deque<ibv_wc> held_;   // data records that arrived while paused (bounded by the ring)
   bool reassembling_ = false;
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
@@ -757,17 +864,22 @@ std::string SockaddrUri(const sockaddr* sa) {
   return Endpoint{Scheme::kRdma, host, port}.ToUri();
 }
 
-// Rejects a connect request, saying why in the reject's private data (the client reports it).
+// Rejects a connect request, saying why (or challenging it) in the reject's private data.
+void RejectWith(rdma_cm_id* id, const Answer& answer) {
+  uint8_t out[kAnswerBytes];
+  EncodeAnswer(answer, out);
+  rdma_reject(id, out, kAnswerBytes);
+}
 void RejectWith(rdma_cm_id* id, Refusal why) {
-  uint8_t answer[kAnswerBytes];
-  EncodeAnswer(why, answer);
-  rdma_reject(id, answer, kAnswerBytes);
+  Answer a;
+  a.code = why;
+  RejectWith(id, a);
 }
 
-rdma_conn_param ConnParam(const uint8_t* desc) {
+rdma_conn_param ConnParam(const uint8_t* data, size_t len) {
   rdma_conn_param p{};
-  p.private_data = desc;
-  p.private_data_len = kHelloBytes;
+  p.private_data = data;
+  p.private_data_len = static_cast<uint8_t>(len);
   p.responder_resources = 1;
   p.initiator_depth = 1;
   p.retry_count = 7;
@@ -787,7 +899,8 @@ class RdmaListener final : public Listener {
     Options options;
     Authenticator auth{""};
     size_t next = 0;
-    bool closed = false;
+    // Set on the listener's thread, read by Accept on the I/O thread that takes the connection.
+    std::atomic<bool> closed{false};
 
     void Wait() {
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -810,36 +923,47 @@ class RdmaListener final : public Listener {
       std::string err = DecodeDescriptor(e->param.conn.private_data,
                                          e->param.conn.private_data_len, &remote, &hello);
       std::string peer = SockaddrUri(rdma_get_peer_addr(child));
-      // Refused before anything is allocated for the peer, and before it learns any rkey.
-      Refusal refusal = Refusal::kNone;
+      // Refused or challenged before anything is allocated for the peer, and before it learns
+      // any rkey: a challenge is a reject too, and the client connects again with its proof.
+      Answer answer;
       if (!err.empty()) {
-        refusal = RefusalForBadHello(e->param.conn.private_data, e->param.conn.private_data_len);
+        answer.code =
+            RefusalForBadHello(e->param.conn.private_data, e->param.conn.private_data_len);
       } else {
-        refusal = auth.Check(hello);
-        if (refusal != Refusal::kNone) err = RefusalText(refusal);
+        answer.code = auth.Check(hello, &answer.challenge);
+        if (answer.code != Refusal::kNone) err = RefusalText(answer.code);
       }
       rdma_ack_cm_event(e);  // the private data is not read after this
-      if (refusal != Refusal::kNone) {
-        spdlog::warn("rdma: refusing connection from {}: {}", peer, err);
-        RejectWith(child, refusal);
+      if (answer.code != Refusal::kNone) {
+        if (answer.code != Refusal::kChallenge) {
+          spdlog::warn("rdma: refusing connection from {}: {}", peer, err);
+        }
+        RejectWith(child, answer);
         rdma_destroy_id(child);
         return;
       }
       // Move the new id to its own event channel, on the I/O thread that will own it.
       EventChannel ch(rdma_create_event_channel());
       if (!ch || rdma_migrate_id(child, ch.get())) {
-        spdlog::warn("rdma: cannot take connection from {}: {}", peer, std::strerror(errno));
-        rdma_reject(child, nullptr, 0);
+        const int err_no = errno;
+        spdlog::warn("rdma: cannot take connection from {}: {}", peer, std::strerror(err_no));
+        // Out of descriptors is the usual cause: the client hears RESOURCE_EXHAUSTED.
+        RejectWith(child, err_no == EMFILE || err_no == ENFILE || err_no == ENOMEM
+                              ? Refusal::kBusy
+                              : Refusal::kServerError);
         rdma_destroy_id(child);
         return;
       }
       Executor target = executors[next++ % executors.size()];
-      asio::co_spawn(target, Accept(shared_from_this(), target, CmId(child), std::move(ch), remote, peer),
+      asio::co_spawn(target,
+                     Accept(shared_from_this(), target, CmId(child), std::move(ch), remote, hello,
+                            peer),
                      asio::detached);
     }
 
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, Executor ex, CmId id,
-                                        EventChannel ch, RingDescriptor remote, std::string peer) {
+                                        EventChannel ch, RingDescriptor remote, Hello client,
+                                        std::string peer) {
       auto conn = std::make_shared<RdmaConnection>(ex, self->options, peer);
       rdma_cm_id* raw = id.get();
       std::string err = conn->Adopt(std::move(id), std::move(ch));
@@ -850,9 +974,15 @@ class RdmaListener final : public Listener {
         co_return;
       }
       conn->SetRemoteRing(remote);
-      uint8_t desc[kHelloBytes];
-      EncodeDescriptor(conn->LocalRing(), nullptr, desc);
-      rdma_conn_param p = ConnParam(desc);
+      // Private data of the accept: our HELLO (where our ring is), then an ANSWER whose proof
+      // shows a client with a secret that we know it too.
+      const Hello ours = WithRing(Hello{}, conn->LocalRing());
+      Answer answer;
+      answer.proof = self->auth.ProveServer(client, ours);
+      uint8_t data[kHelloBytes + kAnswerBytes];
+      EncodeHello(ours, data);
+      EncodeAnswer(answer, data + kHelloBytes);
+      rdma_conn_param p = ConnParam(data, sizeof data);
       if (rdma_accept(conn->id(), &p)) {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
@@ -891,6 +1021,14 @@ class RdmaListener final : public Listener {
   std::atomic<bool> closing_{false};
 };
 
+sockaddr_storage ToSockaddr(const asio::ip::address& addr, uint16_t port) {
+  asio::ip::tcp::endpoint tep(addr, port);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, tep.data(), tep.size());
+  return ss;
+}
+
+// For Listen (set-up, off the I/O threads): a blocking lookup is fine there.
 Expected<sockaddr_storage> ResolveHost(const Endpoint& ep) {
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(ep.host == "localhost" ? "127.0.0.1" : ep.host, ec);
@@ -901,10 +1039,20 @@ Expected<sockaddr_storage> ResolveHost(const Endpoint& ep) {
     if (ec || results.empty()) return Error{"cannot resolve " + ep.host};
     addr = results.begin()->endpoint().address();
   }
-  asio::ip::tcp::endpoint tep(addr, ep.port);
-  sockaddr_storage ss{};
-  std::memcpy(&ss, tep.data(), tep.size());
-  return ss;
+  return ToSockaddr(addr, ep.port);
+}
+
+// For Connect, which runs on an I/O thread: a host name is looked up without blocking the loop
+// (Asio's resolver does the getaddrinfo on its own thread).
+asio::awaitable<Expected<sockaddr_storage>> ResolveHostAsync(const Endpoint& ep, Executor ex) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(ep.host == "localhost" ? "127.0.0.1" : ep.host, ec);
+  if (!ec) co_return ToSockaddr(addr, ep.port);
+  asio::ip::tcp::resolver r(ex);
+  auto [rec, results] = co_await r.async_resolve(ep.host, std::to_string(ep.port),
+                                                  asio::as_tuple(asio::use_awaitable));
+  if (rec || results.empty()) co_return Error{"cannot resolve " + ep.host};
+  co_return ToSockaddr(results.begin()->endpoint().address(), ep.port);
 }
 
 }  // namespace
@@ -943,83 +1091,154 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   return std::unique_ptr<Listener>(new RdmaListener(s, bound.ToUri()));
 }
 
+namespace {
+
+// One connection attempt: a new CM id, QP and ring, and one connect request.
+struct Attempt {
+  std::shared_ptr<RdmaConnection> conn;  // set when connected
+  Error error;
+  bool transient = false;          // worth another attempt while the connect timeout lasts
+  std::optional<Nonce> challenge;  // the server wants our proof: connect again with it
+};
+
+int MsUntil(std::chrono::steady_clock::time_point t) {
+  return static_cast<int>(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now())
+             .count()));
+}
+
+asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage sa,
+                                     Executor executor, const Options& options,
+                                     const Authenticator& auth, Hello* hello,
+                                     const std::optional<Nonce>& challenge,
+                                     std::chrono::steady_clock::time_point until) {
+  Attempt out;
+  auto fail = [&](std::string why, bool transient = false) {
+    out.error = Error{std::move(why)};
+    out.transient = transient;
+    return out;
+  };
+  EventChannel events(rdma_create_event_channel());
+  if (!events) co_return fail(Errno("rdma_create_event_channel"));
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(events.get(), &raw, nullptr, RDMA_PS_TCP)) {
+    co_return fail(Errno("rdma_create_id"));
+  }
+  // The connection owns the id and its channel from here, so every exit below releases them.
+  auto conn = std::make_shared<RdmaConnection>(executor, options, endpoint.ToUri());
+  if (std::string err = conn->Adopt(CmId(raw), std::move(events)); !err.empty()) {
+    co_return fail(err);
+  }
+  auto describe = [](const CmEvent& ev) {
+    return std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
+  };
+  const int resolve_ms = std::max(1, std::min(kResolveTimeoutMs, MsUntil(until)));
+  if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&sa), resolve_ms)) {
+    co_return fail(Errno("rdma_resolve_addr"));
+  }
+  {
+    CmEvent ev = co_await conn->NextEvent(resolve_ms + 500);
+    if (!ev) co_return fail("address resolution timed out", true);
+    if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
+      co_return fail("address resolution failed: " + describe(ev), true);
+    }
+  }
+  if (rdma_resolve_route(raw, resolve_ms)) co_return fail(Errno("rdma_resolve_route"));
+  {
+    CmEvent ev = co_await conn->NextEvent(resolve_ms + 500);
+    if (!ev) co_return fail("route resolution timed out", true);
+    if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      co_return fail("route resolution failed: " + describe(ev), true);
+    }
+  }
+  if (std::string err = conn->Setup(); !err.empty()) co_return fail(err);
+  *hello = WithRing(*hello, conn->LocalRing());
+  if (challenge) auth.Prove(hello, *challenge);  // the proof covers the ring fields
+  uint8_t data[kHelloBytes];
+  EncodeHello(*hello, data);
+  rdma_conn_param p = ConnParam(data, sizeof data);
+  if (rdma_connect(conn->id(), &p)) co_return fail(Errno("rdma_connect"));
+  CmEvent ev = co_await conn->NextEvent(std::max(1, MsUntil(until)));
+  if (!ev) {
+    co_return fail("timed out after " + std::to_string(options.connect_timeout_ms) + " ms");
+  }
+  if (ev->event == RDMA_CM_EVENT_REJECTED) {
+    // An rdmarpc server says why (or challenges us) in the reject's private data; a bare reject
+    // means nobody listens on that port.
+    Answer answer;
+    if (DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len, &answer)
+            .empty() &&
+        answer.code != Refusal::kNone) {
+      if (answer.code == Refusal::kChallenge && hello->wants_auth && !challenge) {
+        out.challenge = answer.challenge;
+        co_return out;
+      }
+      fail("refused by the server: " + RefusalText(answer.code));
+      out.error.busy = answer.code == Refusal::kBusy;
+      co_return out;
+    }
+    co_return fail("connection refused (nobody listening on that port)");
+  }
+  if (ev->event != RDMA_CM_EVENT_ESTABLISHED) {
+    // CONNECT_ERROR, UNREACHABLE: the CM gave up on this request (a loaded server answering
+    // too late, a lost packet). A new request usually succeeds.
+    co_return fail(describe(ev), ev->event == RDMA_CM_EVENT_CONNECT_ERROR ||
+                                     ev->event == RDMA_CM_EVENT_UNREACHABLE);
+  }
+  RingDescriptor remote;
+  Hello server;
+  std::string err = DecodeDescriptor(ev->param.conn.private_data,
+                                     ev->param.conn.private_data_len, &remote, &server);
+  Answer answer;
+  if (err.empty() && ev->param.conn.private_data_len >= kHelloBytes + kAnswerBytes) {
+    err = DecodeAnswer(static_cast<const uint8_t*>(ev->param.conn.private_data) + kHelloBytes,
+                       kAnswerBytes, &answer);
+  }
+  if (err.empty()) err = auth.CheckServer(*hello, server, answer);
+  ev.reset();
+  if (!err.empty()) {
+    conn->Close();
+    co_return fail(err);
+  }
+  conn->SetRemoteRing(remote);
+  conn->WatchEvents();
+  out.conn = std::move(conn);
+  co_return out;
+}
+
+}  // namespace
+
 asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& endpoint,
                                                                Executor executor,
                                                                const Options& options) {
   const std::string what = "rdma connect to " + endpoint.ToUri() + ": ";
   if (std::string why = DeviceUnavailableReason(); !why.empty()) co_return Error{what + why};
-  auto sa = ResolveHost(endpoint);
+  auto sa = co_await ResolveHostAsync(endpoint, executor);
   if (!sa.ok()) co_return Error{what + sa.error().message};
-  EventChannel events(rdma_create_event_channel());
-  if (!events) co_return Error{what + Errno("rdma_create_event_channel")};
-  rdma_cm_id* raw = nullptr;
-  if (rdma_create_id(events.get(), &raw, nullptr, RDMA_PS_TCP)) {
-    co_return Error{what + Errno("rdma_create_id")};
-  }
-  // The connection owns the id and its channel from here, so every exit below releases them.
-  auto conn = std::make_shared<RdmaConnection>(executor, options, endpoint.ToUri());
-  if (std::string err = conn->Adopt(CmId(raw), std::move(events)); !err.empty()) {
-    co_return Error{what + err};
-  }
-  auto expect = [](const CmEvent& ev, rdma_cm_event_type want) -> std::string {
-    if (!ev) return "timed out";
-    if (ev->event == want) return "";
-    return std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
-  };
-  if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&sa.value()),
-                        kResolveTimeoutMs)) {
-    co_return Error{what + Errno("rdma_resolve_addr")};
-  }
-  {
-    CmEvent ev = co_await conn->NextEvent(kResolveTimeoutMs + 500);
-    if (auto e = expect(ev, RDMA_CM_EVENT_ADDR_RESOLVED); !e.empty()) {
-      co_return Error{what + "address resolution failed: " + e};
-    }
-  }
-  if (rdma_resolve_route(raw, kResolveTimeoutMs)) {
-    co_return Error{what + Errno("rdma_resolve_route")};
-  }
-  {
-    CmEvent ev = co_await conn->NextEvent(kResolveTimeoutMs + 500);
-    if (auto e = expect(ev, RDMA_CM_EVENT_ROUTE_RESOLVED); !e.empty()) {
-      co_return Error{what + "route resolution failed: " + e};
-    }
-  }
-  std::string err = conn->Setup();
-  if (!err.empty()) co_return Error{what + err};
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
   const Authenticator auth(options.auth_secret);
-  uint8_t desc[kHelloBytes];
-  EncodeDescriptor(conn->LocalRing(), &auth, desc);
-  rdma_conn_param p = ConnParam(desc);
-  if (rdma_connect(conn->id(), &p)) co_return Error{what + Errno("rdma_connect")};
-  CmEvent ev = co_await conn->NextEvent(options.connect_timeout_ms);
-  if (!ev) {
-    co_return Error{what + "timed out after " + std::to_string(options.connect_timeout_ms) + " ms"};
-  }
-  if (ev->event == RDMA_CM_EVENT_REJECTED) {
-    // An rdmarpc server says why in the reject's private data; a bare reject means nobody
-    // listens on that port.
-    Refusal refusal;
-    if (DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len, &refusal)
-            .empty() &&
-        refusal != Refusal::kNone) {
-      co_return Error{what + "refused by the server: " + RefusalText(refusal)};
+  Hello hello = auth.NewHello();
+  std::optional<Nonce> challenge;
+  asio::steady_timer pause(executor);
+  for (int attempt = 0;; ++attempt) {
+    Attempt a = co_await ConnectOnce(endpoint, sa.value(), executor, options, auth, &hello,
+                                     challenge, until);
+    if (a.conn) co_return std::shared_ptr<Connection>(a.conn);
+    if (a.challenge) {
+      challenge = a.challenge;  // at most once: ConnectOnce takes no second challenge
+      continue;
     }
-    co_return Error{what + "connection refused (nobody listening on that port)"};
+    // Transient failures are retried, with a short growing pause, while the timeout lasts.
+    const int pause_ms = std::min(10 << std::min(attempt, 5), 320);
+    if (!a.transient || MsUntil(until) <= pause_ms) {
+      a.error.message = what + a.error.message;
+      co_return a.error;
+    }
+    spdlog::debug("{}attempt {} failed ({}); trying again", what, attempt + 1, a.error.message);
+    pause.expires_after(std::chrono::milliseconds(pause_ms));
+    co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
   }
-  if (ev->event != RDMA_CM_EVENT_ESTABLISHED) {
-    co_return Error{what + rdma_event_str(ev->event) + " (status " + std::to_string(ev->status) + ")"};
-  }
-  RingDescriptor remote;
-  err = DecodeDescriptor(ev->param.conn.private_data, ev->param.conn.private_data_len, &remote);
-  ev.reset();
-  if (!err.empty()) {
-    conn->Close();
-    co_return Error{what + err};
-  }
-  conn->SetRemoteRing(remote);
-  conn->WatchEvents();
-  co_return std::shared_ptr<Connection>(conn);
 }
 
 }  // namespace rdmarpc::transport::rdma

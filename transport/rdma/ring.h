@@ -87,6 +87,13 @@ class ReceiveRing {
     }
     const uint64_t used = AlignRecord(bytes);
     if (offset + used > size_) return "record overruns the ring";
+    // Everything consumed since the last credit return is still charged to the sender, which may
+    // never have more than the ring unfreed: beyond that it wrote without credit (over records
+    // this side has not consumed yet, or past a pause that withholds credit).
+    if (unreported_ + skipped + used > size_) {
+      return "peer wrote past its credits (" + std::to_string(unreported_ + skipped + used) +
+             " bytes unreturned in a " + std::to_string(size_) + "-byte ring)";
+    }
     head_ = offset + used;
     if (head_ == size_) head_ = 0;
     unreported_ += skipped + used;

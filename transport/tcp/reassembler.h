@@ -1,16 +1,22 @@
 // Internal: turns the TCP byte stream back into messages. Each message on the wire is a u32
 // little-endian length, then that many bytes. The socket reads straight into the buffer
-// (Writable/Commit) and messages are handed out in place (Next), so nothing is copied; a message
-// larger than the buffer grows it once to fit. Pure logic, no I/O: fuzzed by tools/fuzz.
+// (Writable/Commit) and messages are handed out in place (Next), so nothing is copied.
+//
+// Memory is bounded by what the peer actually sent, never by what it announced: a length prefix
+// alone allocates nothing, the buffer grows (doubling) only as bytes arrive, and it never holds
+// more than max(initial, one whole message of at most max_message) — so capacity() <=
+// max(initial_bytes, kLengthPrefixBytes + max_message) whatever the read boundaries are.
+// Pure logic, no I/O: fuzzed by tools/fuzz (which checks that bound too).
 #pragma once
 
 #include <endian.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
-#include <vector>
 
 namespace rdmarpc::transport::tcp {
 
@@ -22,14 +28,28 @@ class StreamReassembler {
 
   // `max_message` bounds one message's length (a larger prefix is an error, not an allocation).
   StreamReassembler(size_t initial_bytes, size_t max_message)
-      : initial_(initial_bytes), max_message_(max_message) {
-    buf_.resize(initial_bytes);
-  }
+      : initial_(std::max<size_t>(initial_bytes, kLengthPrefixBytes)),
+        max_message_(max_message),
+        buf_(std::make_unique_for_overwrite<std::byte[]>(initial_)),
+        cap_(initial_) {}
 
-  // Where the next read may put bytes (never empty).
+  // Where the next read may put bytes (never empty). Call only after Next said kNeedMore (or
+  // kTooLarge): the buffer then holds at most part of one message, and makes room for the rest
+  // of it by moving that part to the front, then by growing.
   std::span<std::byte> Writable() {
-    if (end_ == buf_.size()) buf_.resize(buf_.size() * 2);
-    return {buf_.data() + end_, buf_.size() - end_};
+    const size_t want = Wanted();
+    if (begin_ > 0 && (end_ == cap_ || begin_ + want > cap_)) {
+      std::memmove(buf_.get(), buf_.get() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    if (end_ == cap_) {
+      // Double, but never past what the message being read needs.
+      size_t next = std::min(cap_ * 2, std::max(want, initial_));
+      if (next <= cap_) next = cap_ + initial_;  // only when misused (a whole message unread)
+      Reallocate(next);
+    }
+    return {buf_.get() + end_, cap_ - end_};
   }
   void Commit(size_t n) { end_ += n; }
 
@@ -37,46 +57,61 @@ class StreamReassembler {
   // kTooLarge: the prefix announces more than max_message (`too_large` says how much).
   Result Next(std::span<const std::byte>* message, uint32_t* too_large = nullptr) {
     if (end_ - begin_ < kLengthPrefixBytes) return Result::kNeedMore;
-    uint32_t len;
-    std::memcpy(&len, buf_.data() + begin_, 4);
-    len = le32toh(len);
+    const uint32_t len = PrefixAt(begin_);
     if (len > max_message_) {
       if (too_large) *too_large = len;
       return Result::kTooLarge;
     }
     const size_t need = kLengthPrefixBytes + size_t{len};
-    if (end_ - begin_ < need) {
-      // Make room for the rest of this message in one go.
-      if (begin_ > 0) {
-        std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
-        end_ -= begin_;
-        begin_ = 0;
-      }
-      if (need > buf_.size()) buf_.resize(need);
-      return Result::kNeedMore;
-    }
-    *message = std::span<const std::byte>(buf_.data() + begin_ + kLengthPrefixBytes, len);
+    if (end_ - begin_ < need) return Result::kNeedMore;
+    *message = std::span<const std::byte>(buf_.get() + begin_ + kLengthPrefixBytes, len);
     begin_ += need;
     return Result::kMessage;
   }
 
-  // Call when Next says kNeedMore: an empty buffer that grew for a large message shrinks back,
-  // so that idle connections stay small.
+  // Call when Next says kNeedMore: a buffer that grew for a large message shrinks back once the
+  // message it grew for is gone, so that idle connections stay small.
   void Settle(size_t shrink_above) {
-    if (begin_ != end_) return;
-    begin_ = end_ = 0;
-    if (buf_.size() > shrink_above) {
-      buf_.resize(initial_);
-      buf_.shrink_to_fit();
+    if (begin_ == end_) begin_ = end_ = 0;
+    if (cap_ > shrink_above && end_ - begin_ <= initial_ && Wanted() <= initial_) {
+      Reallocate(initial_);
     }
   }
 
   size_t buffered() const { return end_ - begin_; }
-  size_t capacity() const { return buf_.size(); }
+  size_t capacity() const { return cap_; }
 
  private:
+  uint32_t PrefixAt(size_t at) const {
+    uint32_t len;
+    std::memcpy(&len, buf_.get() + at, 4);
+    return le32toh(len);
+  }
+
+  // Bytes the message at begin_ occupies in all, as far as is known (just its prefix until the
+  // prefix has arrived; an oversized one is refused by Next, so it asks for nothing more).
+  size_t Wanted() const {
+    if (end_ - begin_ < kLengthPrefixBytes) return kLengthPrefixBytes;
+    const uint32_t len = PrefixAt(begin_);
+    if (len > max_message_) return kLengthPrefixBytes;
+    return kLengthPrefixBytes + size_t{len};
+  }
+
+  // Moves the buffered bytes to the front of a new buffer of `bytes` (left uninitialised: reads
+  // overwrite it, so zeroing it would be wasted work).
+  void Reallocate(size_t bytes) {
+    auto next = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    const size_t n = end_ - begin_;
+    if (n) std::memcpy(next.get(), buf_.get() + begin_, n);
+    buf_ = std::move(next);
+    cap_ = bytes;
+    begin_ = 0;
+    end_ = n;
+  }
+
   size_t initial_, max_message_;
-  std::vector<std::byte> buf_;
+  std::unique_ptr<std::byte[]> buf_;
+  size_t cap_;
   size_t begin_ = 0, end_ = 0;
 };
 

@@ -1,6 +1,9 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio/co_spawn.hpp>
@@ -42,6 +45,12 @@ std::string EndpointUri(const tcp::endpoint& ep) {
   return e.ToUri();
 }
 
+int MsLeft(std::chrono::steady_clock::time_point until) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      until - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 1));
+}
+
 // Reads exactly buffer_size(buf) bytes, or fails with timed_out after `timeout_ms`.
 asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(
     tcp::socket& sock, asio::mutable_buffer buf, int timeout_ms) {
@@ -81,7 +90,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   bool Send(const MessageWriter& message) override {
-    if (handler_.closed()) return false;
+    if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
     const size_t at = pending_.size();
@@ -102,12 +111,46 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   void Close() override { CloseWith("closed locally"); }
 
+  void CloseAfterSending(int limit_ms) override {
+    if (handler_.closed() || closing_) return;
+    closing_ = true;
+    paused_ = true;
+    if (!writing_ && pending_.empty()) {
+      CloseWith("closed locally");
+      return;
+    }
+    auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
+    timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
+      self->CloseWith("closed locally (the peer did not take the last messages in time)");
+    });
+  }
+
+  // What the send side holds, buffer slack included (vectors grow by doubling): the figure a
+  // server's memory budget is about.
+  size_t queued_send_bytes() const override {
+    return pending_.capacity() + (writing_ ? inflight_.capacity() : 0);
+  }
+
+  void PauseReceiving() override { paused_ = true; }
+
+  void ResumeReceiving() override {
+    if (!paused_ || closing_) return;
+    paused_ = false;
+    if (reading_ || resume_posted_) return;
+    resume_posted_ = true;
+    asio::post(executor_, [self = shared_from_this()] {
+      self->resume_posted_ = false;
+      if (!self->paused_ && !self->reading_) self->DeliverAndRead();
+    });
+  }
+
  private:
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
+    pending_ = {};
     asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
 
@@ -128,12 +171,18 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       return;
     }
     inflight_.clear();
-    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.shrink_to_fit();
+    if (inflight_.capacity() > kShrinkAboveBytes) inflight_ = {};
+    if (closing_ && pending_.empty()) {
+      CloseWith("closed locally");
+      return;
+    }
+    if (paused_ && handler_.get() && !closing_) handler_.get()->OnSendProgress();
     Flush();
   }
 
   void ReadMore() {
-    if (handler_.closed()) return;
+    if (handler_.closed() || reading_) return;
+    reading_ = true;
     auto room = reader_.Writable();
     socket_.async_read_some(asio::buffer(room.data(), room.size()),
                             [self = shared_from_this()](boost::system::error_code ec, size_t n) {
@@ -142,6 +191,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   void OnRead(boost::system::error_code ec, size_t n) {
+    reading_ = false;
     if (handler_.closed()) return;
     if (ec) {
       CloseWith(ec == asio::error::eof ? "peer closed the connection"
@@ -149,10 +199,16 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       return;
     }
     reader_.Commit(n);
-    // Deliver every complete message in the buffer, in place.
+    DeliverAndRead();
+  }
+
+  // Delivers every complete message in the buffer, in place, then reads more; stops (keeping the
+  // rest in the buffer) as soon as receiving is paused.
+  void DeliverAndRead() {
     std::span<const std::byte> message;
     uint32_t too_large = 0;
     for (;;) {
+      if (paused_) return;  // ResumeReceiving continues from here
       const auto r = reader_.Next(&message, &too_large);
       if (r == StreamReassembler::Result::kNeedMore) break;
       if (r == StreamReassembler::Result::kTooLarge) {
@@ -177,12 +233,19 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   StreamReassembler reader_;
   std::vector<std::byte> pending_, inflight_;
   bool writing_ = false, flush_scheduled_ = false;
+  bool reading_ = false;        // an async_read_some is outstanding
+  bool paused_ = false;         // PauseReceiving: deliver nothing, read nothing
+  bool resume_posted_ = false;
+  bool closing_ = false;        // CloseAfterSending: close once pending_ is written
 };
 
 class TcpListener final : public Listener {
  public:
   struct State {
-    State(Executor ex) : acceptor(ex) {}
+    State(Executor ex) : acceptor(ex) { spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); }
+    ~State() {
+      if (spare_fd >= 0) close(spare_fd);
+    }
     tcp::acceptor acceptor;
     std::vector<Executor> executors;
     AcceptHandler on_accept;
@@ -190,6 +253,12 @@ class TcpListener final : public Listener {
     Authenticator auth{""};
     size_t next = 0;
     std::atomic<bool> closed{false};
+    // A descriptor held in reserve: when the process runs out (EMFILE), it is given up for one
+    // moment to accept the newest client and refuse it with "busy", so that clients get a
+    // clear RESOURCE_EXHAUSTED at once instead of waiting in the backlog for their timeout.
+    // Only on the listener's thread.
+    int spare_fd = -1;
+    int64_t refused_busy = 0;
   };
 
   explicit TcpListener(std::shared_ptr<State> s, std::string uri)
@@ -202,6 +271,10 @@ class TcpListener final : public Listener {
     s->acceptor.async_accept(target, [s](boost::system::error_code ec, tcp::socket sock) {
       if (s->closed) return;
       if (ec) {
+        if ((ec == asio::error::no_descriptors || ec.value() == ENFILE) && RefuseOneBusy(s)) {
+          AcceptNext(s);
+          return;
+        }
         spdlog::warn("tcp accept failed: {}", ec.message());
         // Back off briefly on errors such as EMFILE rather than spinning.
         auto timer = std::make_shared<asio::steady_timer>(s->acceptor.get_executor(),
@@ -215,32 +288,90 @@ class TcpListener final : public Listener {
     });
   }
 
+  // Out of descriptors: accepts the newest client with the spare descriptor and answers its
+  // HELLO with "busy" (see State::spare_fd). False when there is no spare or nobody to accept.
+  static bool RefuseOneBusy(const std::shared_ptr<State>& s) {
+    if (s->spare_fd < 0) return false;
+    close(s->spare_fd);
+    s->spare_fd = -1;
+    const int fd = ::accept4(s->acceptor.native_handle(), nullptr, nullptr,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      return false;
+    }
+    if (s->refused_busy++ % 1000 == 0) {
+      spdlog::warn("tcp: out of file descriptors: refusing new clients as busy ({} so far)",
+                   s->refused_busy);
+    }
+    tcp::socket sock(s->acceptor.get_executor());
+    boost::system::error_code ec;
+    sock.assign(s->acceptor.local_endpoint(ec).protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      return false;
+    }
+    asio::co_spawn(s->acceptor.get_executor(), RefuseBusy(s, std::move(sock)), asio::detached);
+    return true;
+  }
+
+  // Reads the HELLO (closing with unread data would reset the connection before the client reads
+  // our answer), answers "busy", closes, and puts the spare descriptor back.
+  static asio::awaitable<void> RefuseBusy(std::shared_ptr<State> s, tcp::socket sock) {
+    uint8_t hello[kHelloBytes];
+    co_await ReadWithin(sock, asio::buffer(hello), 1000);
+    Answer answer;
+    answer.code = Refusal::kBusy;
+    uint8_t out[kAnswerBytes];
+    EncodeAnswer(answer, out);
+    co_await asio::async_write(sock, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
+    boost::system::error_code ec;
+    sock.shutdown(tcp::socket::shutdown_both, ec);
+    sock.close(ec);
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+
   // The server's half of the handshake, on the connection's own thread: read the client's
-  // HELLO (bounded by the connect timeout, so a silent peer cannot hold a socket), check it,
-  // answer, and only then hand the connection to the server.
+  // HELLO (the whole exchange bounded by the connect timeout, so a silent peer cannot hold a
+  // socket), challenge it when we have a secret, answer, and only then hand the connection to
+  // the server.
   static asio::awaitable<void> Handshake(std::shared_ptr<State> s, tcp::socket sock) {
     boost::system::error_code ec;
     const auto remote = sock.remote_endpoint(ec);
     const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
-    uint8_t buf[kHelloBytes];
-    auto [rec, n] = co_await ReadWithin(sock, asio::buffer(buf), s->options.connect_timeout_ms);
-    if (rec) {
-      spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
-      co_return;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(s->options.connect_timeout_ms);
+    Answer answer;
+    for (int round = 0;; ++round) {
+      uint8_t buf[kHelloBytes];
+      auto [rec, n] = co_await ReadWithin(sock, asio::buffer(buf), MsLeft(until));
+      if (rec) {
+        spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
+        co_return;
+      }
+      Hello hello;
+      answer = Answer{};
+      if (std::string err = DecodeHello(buf, n, &hello); !err.empty()) {
+        spdlog::warn("tcp: refusing connection from {}: {}", peer, err);
+        answer.code = RefusalForBadHello(buf, n);
+      } else {
+        answer.code = s->auth.Check(hello, &answer.challenge);
+        // A second HELLO must carry the proof the challenge asked for.
+        if (answer.code == Refusal::kChallenge && round > 0) answer.code = Refusal::kBadSecret;
+        if (answer.code == Refusal::kNone) answer.proof = s->auth.ProveServer(hello, Hello{});
+        if (answer.code != Refusal::kNone && answer.code != Refusal::kChallenge) {
+          spdlog::warn("tcp: refusing connection from {}: {}", peer, RefusalText(answer.code));
+        }
+      }
+      uint8_t out[kAnswerBytes];
+      EncodeAnswer(answer, out);
+      auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(out),
+                                                  asio::as_tuple(asio::use_awaitable));
+      if (wec) co_return;
+      if (answer.code != Refusal::kChallenge) break;
     }
-    Hello hello;
-    Refusal refusal = Refusal::kNone;
-    if (std::string err = DecodeHello(buf, n, &hello); !err.empty()) {
-      spdlog::warn("tcp: refusing connection from {}: {}", peer, err);
-      refusal = RefusalForBadHello(buf, n);
-    } else if (refusal = s->auth.Check(hello); refusal != Refusal::kNone) {
-      spdlog::warn("tcp: refusing connection from {}: {}", peer, RefusalText(refusal));
-    }
-    uint8_t answer[kAnswerBytes];
-    EncodeAnswer(refusal, answer);
-    auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(answer),
-                                                asio::as_tuple(asio::use_awaitable));
-    if (wec || refusal != Refusal::kNone || s->closed) co_return;  // the socket closes here
+    if (answer.code != Refusal::kNone || s->closed) co_return;  // the socket closes here
     s->on_accept(std::make_shared<TcpConnection>(std::move(sock), s->options));
   }
 
@@ -309,27 +440,38 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   }
   auto [cec, ep] = std::get<0>(outcome);
   if (cec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + cec.message()};
-  // The client's half of the handshake: HELLO (with the secret's digest), then the answer.
-  Hello hello;
-  Authenticator(options.auth_secret).Sign(&hello);
-  uint8_t buf[kHelloBytes];
-  EncodeHello(hello, buf);
-  auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(buf),
-                                              asio::as_tuple(asio::use_awaitable));
-  if (wec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + wec.message()};
-  uint8_t answer[kAnswerBytes];
-  auto [rec2, rn] = co_await ReadWithin(socket, asio::buffer(answer), options.connect_timeout_ms);
-  if (rec2) {
-    co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" +
-                    rec2.message() + "); is it an rdmarpc server?"};
+  // The client's half of the handshake: HELLO, a proof if the server challenges us, then its
+  // answer, which must prove the server knows our secret when we have one.
+  const Authenticator auth(options.auth_secret);
+  Hello hello = auth.NewHello();
+  Answer answer;
+  for (int round = 0;; ++round) {
+    uint8_t buf[kHelloBytes];
+    EncodeHello(hello, buf);
+    auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(buf),
+                                                asio::as_tuple(asio::use_awaitable));
+    if (wec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + wec.message()};
+    uint8_t in[kAnswerBytes];
+    auto [rec, rn] = co_await ReadWithin(socket, asio::buffer(in), options.connect_timeout_ms);
+    // A server of another version answers a shorter refusal and closes: still read it.
+    if (rec && !(rec == asio::error::eof && rn >= 8)) {
+      co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" +
+                      rec.message() + "); is it an rdmarpc server?"};
+    }
+    if (std::string err = DecodeAnswer(in, rn, &answer); !err.empty()) {
+      co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
+    }
+    if (answer.code != Refusal::kChallenge || round > 0 || !hello.wants_auth) break;
+    auth.Prove(&hello, answer.challenge);
   }
-  Refusal refusal;
-  if (std::string err = DecodeAnswer(answer, rn, &refusal); !err.empty()) {
+  if (answer.code != Refusal::kNone) {
+    Error e{"connect to " + endpoint.ToUri() + " refused by the server: " +
+            RefusalText(answer.code)};
+    e.busy = answer.code == Refusal::kBusy;
+    co_return e;
+  }
+  if (std::string err = auth.CheckServer(hello, Hello{}, answer); !err.empty()) {
     co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
-  }
-  if (refusal != Refusal::kNone) {
-    co_return Error{"connect to " + endpoint.ToUri() + " refused by the server: " +
-                    RefusalText(refusal)};
   }
   co_return std::shared_ptr<Connection>(std::make_shared<TcpConnection>(std::move(socket), options));
 }

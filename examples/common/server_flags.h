@@ -1,0 +1,68 @@
+// The flags every sample server takes for its limits, and what they set in ServerOptions. One
+// place, so that echo_server and kv_server (and their usage texts) agree.
+#pragma once
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "examples/common/flags.h"
+#include "rpc/server.h"
+
+namespace rdmarpc::examples {
+
+// Merge into the map given to Flags.
+inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
+  for (const char* name : {"max-connections", "max-concurrent-calls", "max-buffered-bytes",
+                           "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms"}) {
+    known[name] = true;
+  }
+  return known;
+}
+
+inline constexpr char kServerFlagsUsage[] =
+    "Limits (what one client can hold; defaults in parentheses):\n"
+    "  --max-connections N       clients served at once; one more is turned away with\n"
+    "                            RESOURCE_EXHAUSTED (0 = as many as descriptors allow)\n"
+    "  --max-concurrent-calls N  calls one connection runs at once; clients queue beyond (1024)\n"
+    "  --max-buffered-bytes N    requests held plus replies a client has not read; over it the\n"
+    "                            server stops reading from that client (16777216)\n"
+    "  --idle-timeout-ms N       close a connection without calls for this long; clients\n"
+    "                            reconnect when needed (300000; 0 = never)\n"
+    "  --keepalive-ms N          ping a client silent this long (0 = off) ...\n"
+    "  --keepalive-timeout-ms N  ... and close it when nothing arrives within N ms (5000)\n";
+
+// Sets the limits the flags name; a bad value sets flags.error().
+inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
+  o.max_connections = static_cast<uint32_t>(
+      flags.get_int("max-connections", o.max_connections, 0, 10000000));
+  o.max_concurrent_calls_per_connection = static_cast<uint32_t>(flags.get_int(
+      "max-concurrent-calls", o.max_concurrent_calls_per_connection, 0, 10000000));
+  o.max_buffered_bytes_per_connection = static_cast<size_t>(flags.get_int(
+      "max-buffered-bytes", static_cast<long>(o.max_buffered_bytes_per_connection), 0,
+      1L << 40));
+  o.idle_timeout = std::chrono::milliseconds(
+      flags.get_int("idle-timeout-ms", o.idle_timeout.count(), 0, 86400000L * 365));
+  o.keepalive_interval = std::chrono::milliseconds(
+      flags.get_int("keepalive-ms", o.keepalive_interval.count(), 0, 86400000L));
+  o.keepalive_timeout = std::chrono::milliseconds(
+      flags.get_int("keepalive-timeout-ms", o.keepalive_timeout.count(), 1, 86400000L));
+}
+
+// Raises this process's open-file limit to the hard limit, as servers do (Go's runtime does it
+// for every program): the soft default of 1024 is too few for a server with many clients.
+// Returns the limit now in force.
+inline long RaiseFileLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  return static_cast<long>(rl.rlim_cur);
+}
+
+}  // namespace rdmarpc::examples

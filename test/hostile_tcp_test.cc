@@ -1,0 +1,326 @@
+// Raw-socket attacks on a real echo_server process, measuring its resident memory (issue 11,
+// items 1-4): clients that send and never read (PINGs, unknown methods, 1 MiB requests), length
+// prefixes announcing 64 MiB that never arrive, frames whose reads end inside the next length
+// prefix, a trickle of one byte, and a flood of idle connections past the descriptor limit. The
+// server must stay under 64 MiB plus its configured per-connection budget, keep serving a
+// well-behaved client throughout, and refuse rather than stall. Each case prints a line
+// "RSS <attack>: start S MiB, peak P MiB" (the figures in docs/RELIABILITY.md).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "proto/echo.rdmarpc.pb.h"
+#include "rpc/frame.h"
+#include "rpc/rdmarpc.h"
+#include "test/process_util.h"
+#include "test/test_util.h"
+#include "transport/handshake.h"
+
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The target: 64 MiB plus the configured limits, here ServerOptions::
+// max_buffered_bytes_per_connection (16 MiB) for each of the (up to two) attacking connections.
+constexpr double kAllowedMiB = 64 + 2 * 16;
+
+double RssMiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+// Samples a process's resident memory every 20 ms while it lives.
+class RssWatch {
+ public:
+  explicit RssWatch(pid_t pid) : pid_(pid), start_(RssMiB(pid)) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        const double now = RssMiB(pid_);
+        double seen = peak_.load();
+        while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(20ms);
+      }
+    });
+  }
+  ~RssWatch() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  double start() const { return start_; }
+  double peak() const { return peak_.load(); }
+  void Report(const std::string& attack) {
+    Stop();
+    std::printf("RSS %s: start %.1f MiB, peak %.1f MiB\n", attack.c_str(), start_, peak());
+    std::fflush(stdout);
+  }
+
+ private:
+  pid_t pid_;
+  double start_;
+  std::atomic<double> peak_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+std::string FrameBytes(const FrameHeader& h, const std::string& payload) {
+  std::string f(kFrameHeaderBytes, '\0');
+  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
+  f += payload;
+  const uint32_t len = htole32(static_cast<uint32_t>(f.size()));
+  return std::string(reinterpret_cast<const char*>(&len), 4) + f;
+}
+
+std::string Ping(uint64_t id, size_t payload = 0) {
+  FrameHeader h;
+  h.type = FrameType::kPing;
+  h.call_id = id;
+  return FrameBytes(h, std::string(payload, 'p'));
+}
+
+std::string SayRequest(uint64_t id, uint32_t method, size_t payload) {
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.method_id = method;
+  h.call_id = id;
+  demo::SayRequest req;
+  req.set_payload(std::string(payload, 'e'));
+  return FrameBytes(h, req.SerializeAsString());
+}
+
+// A TCP connection that has done the handshake (HELLO out; the answer is left unread, like
+// everything else the server sends), non-blocking from then on.
+int RawClient(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  uint8_t hello[transport::kHelloBytes];
+  transport::EncodeHello(transport::Hello{}, hello);
+  REQUIRE(write(fd, hello, sizeof hello) == ssize_t(sizeof hello));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
+// Writes `unit()` over and over for `duration` without ever reading; returns the bytes the
+// kernel took (it stops taking them when the server stops reading).
+template <class Unit>
+size_t Flood(int fd, std::chrono::milliseconds duration, Unit unit) {
+  const auto until = std::chrono::steady_clock::now() + duration;
+  size_t sent = 0;
+  std::string buf;
+  size_t at = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (at == buf.size()) {
+      buf = unit();
+      at = 0;
+    }
+    ssize_t n = send(fd, buf.data() + at, buf.size() - at, MSG_NOSIGNAL);
+    if (n > 0) {
+      at += n;
+      sent += n;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 50);
+    } else {
+      break;  // the server closed us
+    }
+  }
+  return sent;
+}
+
+uint16_t PortOf(const std::string& uri) {
+  return static_cast<uint16_t>(std::stoi(uri.substr(uri.rfind(':') + 1)));
+}
+
+// A call from a well-behaved client while the attack goes on.
+bool Served(const std::string& uri) {
+  ChannelOptions co;
+  co.transport.connect_timeout_ms = 5000;
+  auto ch = Channel::ConnectBlocking(uri, co);
+  if (!ch.ok()) return false;
+  demo::Echo::BlockingStub stub(*ch);
+  demo::SayRequest req;
+  req.set_message("still here");
+  auto r = stub.Say(req, {.timeout = 5s});
+  return r.ok() && r->message() == "still here";
+}
+
+bool ClosedByServer(int fd, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  char buf[65536];
+  while (std::chrono::steady_clock::now() < until) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) return true;
+    if (n < 0) {
+      pollfd p{fd, POLLIN, 0};
+      poll(&p, 1, 50);
+    }
+  }
+  return false;
+}
+
+const std::string kServer = "examples/echo/echo_server";
+
+}  // namespace
+
+TEST_CASE("clients that send and never read cannot grow the server past its budget",
+          "[hostile][tcp][memory]") {
+  const uint32_t say = MethodId("/demo.Echo/Say");
+  struct Attack {
+    std::string name;
+    std::function<std::string(uint64_t)> unit;
+  };
+  const std::vector<Attack> attacks = {
+      {"PINGs, replies never read", [](uint64_t i) { return Ping(i); }},
+      {"unknown methods, errors never read",
+       [](uint64_t i) { return SayRequest(i, 0xdeadbeef, 16); }},
+      {"1 MiB echo requests, replies never read",
+       [say](uint64_t i) { return SayRequest(i, say, 1 << 20); }},
+  };
+  for (const auto& a : attacks) {
+    INFO(a.name);
+    // A fresh server each time, so that each figure is this attack's alone.
+    auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+    const uint16_t port = PortOf(uri);
+    RssWatch rss(server->pid());
+    std::vector<int> fds;
+    std::vector<std::thread> flooders;
+    std::atomic<size_t> sent{0};
+    for (int c = 0; c < 2; ++c) {
+      fds.push_back(RawClient(port));
+      flooders.emplace_back([&, fd = fds.back()] {
+        uint64_t i = 0;
+        sent += Flood(fd, 3000ms, [&] { return a.unit(++i); });
+      });
+    }
+    std::this_thread::sleep_for(1500ms);
+    CHECK(Served(uri));  // in the middle of the attack
+    for (auto& t : flooders) t.join();
+    rss.Report(a.name);
+    std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
+    CHECK(rss.peak() < kAllowedMiB);
+    for (int fd : fds) close(fd);
+  }
+}
+
+TEST_CASE("length prefixes that announce 64 MiB allocate nothing until the bytes arrive",
+          "[hostile][tcp][memory]") {
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  RssWatch rss(server->pid());
+  std::vector<int> fds;
+  for (int c = 0; c < 40; ++c) {
+    fds.push_back(RawClient(PortOf(uri)));
+    const uint32_t len = htole32(64u << 20);
+    REQUIRE(send(fds.back(), &len, 4, MSG_NOSIGNAL) == 4);
+    REQUIRE(send(fds.back(), "abcd", 4, MSG_NOSIGNAL) == 4);  // and a little of the body
+  }
+  std::this_thread::sleep_for(1000ms);
+  CHECK(Served(uri));
+  rss.Report("40 connections announcing 64 MiB each");
+  CHECK(rss.peak() < kAllowedMiB);  // it used to be 40 x 64 MiB = 2.6 GB
+  for (int fd : fds) close(fd);
+}
+
+TEST_CASE("reads that end inside a length prefix do not grow the read buffer",
+          "[hostile][tcp][memory]") {
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  RssWatch rss(server->pid());
+  int fd = RawClient(PortOf(uri));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  // 4,000 valid 32 KiB PINGs (125 MiB), each write ending 2 bytes into the next length prefix,
+  // with a pause so that the server's read ends there too. The replies are read, so that only
+  // the read buffer is at stake.
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    char buf[65536];
+    while (!done) {
+      if (recv(fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) std::this_thread::sleep_for(1ms);
+    }
+  });
+  const std::string frame = Ping(1, 32 * 1024);
+  size_t sent_of_frame = 0;  // the first bytes of the next frame already went out
+  for (int i = 0; i < 4000; ++i) {
+    std::string out = frame.substr(sent_of_frame) + frame.substr(0, 2);
+    sent_of_frame = 2;
+    const ssize_t n = send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    INFO("send: " << std::strerror(errno));
+    REQUIRE(n == ssize_t(out.size()));
+    if (i % 8 == 0) std::this_thread::sleep_for(200us);
+  }
+  done = true;
+  reader.join();
+  CHECK(Served(uri));
+  rss.Report("32 KiB frames, reads ending inside a length prefix");
+  CHECK(rss.peak() < kAllowedMiB);  // it used to double up to 1 GiB and keep going
+  close(fd);
+}
+
+TEST_CASE("a connection that trickles one byte and never completes a frame is closed",
+          "[hostile][tcp][idle]") {
+  auto [server, uri] = StartServer(
+      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--idle-timeout-ms", "500"});
+  int fd = RawClient(PortOf(uri));
+  REQUIRE(send(fd, "\x40", 1, MSG_NOSIGNAL) == 1);  // the first byte of a length prefix
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(ClosedByServer(fd, 5000ms));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < 2s);  // within 1.5 x the idle timeout, plus a little
+  close(fd);
+}
+
+TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXHAUSTED",
+          "[hostile][tcp][limits]") {
+  // 48 descriptors for the whole server process, and idle connections holding most of them.
+  auto [server, uri] = StartServer({"/usr/bin/prlimit", "--nofile=48:48", Runfile(kServer),
+                                    "--listen", "tcp://127.0.0.1:0", "--idle-timeout-ms", "3000"});
+  // A client connected before the flood keeps being served through it.
+  auto early = Channel::ConnectBlocking(uri);
+  REQUIRE(early.ok());
+  demo::Echo::BlockingStub early_stub(*early);
+  std::vector<int> fds;
+  for (int c = 0; c < 80; ++c) fds.push_back(RawClient(PortOf(uri)));
+  std::this_thread::sleep_for(300ms);
+  ChannelOptions co;
+  co.reconnect = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto late = Channel::ConnectBlocking(uri, co);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(late.ok());
+  INFO(late.status().ToString());
+  CHECK(late.status().code() == StatusCode::kResourceExhausted);
+  CHECK(took < 2s);  // not a stall until the 5 s connect timeout
+  demo::SayRequest req;
+  req.set_message("early");
+  CHECK(early_stub.Say(req, {.timeout = 5s}).ok());
+  // The idle ones are reclaimed (idle timeout), and then newcomers get in.
+  std::this_thread::sleep_for(4500ms);
+  auto later = Channel::ConnectBlocking(uri, co);
+  INFO(later.status().ToString());
+  CHECK(later.ok());
+  for (int fd : fds) close(fd);
+}
