@@ -3,7 +3,10 @@
 // device). It does the handshake like a client, then writes records the server must refuse: a
 // record outside the ring, a record where the next one may not start, a message larger than the
 // limit, a credit return for bytes never sent. Each time the server must drop that connection
-// and keep serving a well-behaved client.
+// and keep serving a well-behaved client. Then a client that writes into another client's ring
+// with that ring's own rkey (refused by the NIC: each ring is exposed through a memory window
+// bound to its connection's QP), and one that takes no replies and ignores credit (closed once
+// past it, with the server's memory bounded by its per-connection budget).
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -84,7 +87,52 @@ class RawVerbsPeer {
     }
     remote_addr_ = server.ring_addr;
     remote_rkey_ = server.ring_rkey;
+    // The server grants its ring (a credit of the whole ring) once it can be written.
+    const uint32_t grant = NextImm(10000ms);
+    if (!(grant & transport::rdma::kImmCreditBit)) Fail("no ring grant from the server");
   }
+
+  // Grants our ring to the server (as our transport does once connected), so that it can send.
+  void GrantRing() {
+    Write(0, 0, transport::rdma::kImmCreditBit | (kRing / transport::rdma::kRecordAlignBytes));
+  }
+
+  // The immediate data of the next write the server makes to us; throws after `timeout`.
+  uint32_t NextImm(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    ibv_wc wc{};
+    for (;;) {
+      int n = ibv_poll_cq(id_->recv_cq, 1, &wc);
+      if (n < 0) Fail("ibv_poll_cq");
+      if (n == 1) break;
+      if (std::chrono::steady_clock::now() > until) Fail("nothing from the server");
+    }
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 1;
+    if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
+    if (wc.status != IBV_WC_SUCCESS) Fail("receive completion failed");
+    return ntohl(wc.imm_data);
+  }
+
+  // The next frame the server writes into our ring (skipping credit returns).
+  FrameHeader NextFrame(std::chrono::milliseconds timeout) {
+    for (;;) {
+      const uint32_t imm = NextImm(timeout);
+      if (imm & transport::rdma::kImmCreditBit) continue;
+      const uint8_t* rec = ring_.get() + uint64_t(imm) * transport::rdma::kRecordAlignBytes;
+      DecodedFrame f;
+      uint32_t total;
+      std::memcpy(&total, rec, 4);
+      std::string err = DecodeFrame(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(rec + 8), le32toh(total)),
+          &f);
+      if (!err.empty()) Fail("the server wrote a bad frame");
+      return f.header;
+    }
+  }
+
+  uint64_t remote_addr() const { return remote_addr_; }
+  uint32_t remote_rkey() const { return remote_rkey_; }
 
   ~RawVerbsPeer() {
     if (id_) rdma_disconnect(id_);
@@ -96,6 +144,12 @@ class RawVerbsPeer {
   // RDMA_WRITE_WITH_IMM of `bytes` from the send buffer to the server's ring at `offset`,
   // announcing it with `imm`. Returns the send's completion status.
   ibv_wc_status Write(uint32_t offset, uint32_t bytes, uint32_t imm) {
+    return WriteTo(remote_addr_, remote_rkey_, offset, bytes, imm);
+  }
+
+  // The same into any ring: `addr`/`rkey` need not be ours to use.
+  ibv_wc_status WriteTo(uint64_t addr, uint32_t rkey, uint32_t offset, uint32_t bytes,
+                        uint32_t imm) {
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uint64_t>(send_);
     sge.length = bytes;
@@ -105,15 +159,30 @@ class RawVerbsPeer {
     wr.sg_list = bytes ? &sge : nullptr;
     wr.num_sge = bytes ? 1 : 0;
     wr.imm_data = htonl(imm);
-    wr.wr.rdma.remote_addr = remote_addr_ + offset;
-    wr.wr.rdma.rkey = remote_rkey_;
+    wr.wr.rdma.remote_addr = addr + offset;
+    wr.wr.rdma.rkey = rkey;
     if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send");
+    // A write to a QP the server has closed may never complete (its packets are dropped and
+    // this QP's retry timer may be unbounded): give up after a while.
+    const auto until = std::chrono::steady_clock::now() + 2s;
     ibv_wc wc{};
     for (;;) {
       int n = ibv_poll_cq(id_->send_cq, 1, &wc);
       if (n < 0) Fail("ibv_poll_cq");
       if (n == 1) return wc.status;
+      if (std::chrono::steady_clock::now() > until) return IBV_WC_GENERAL_ERR;
     }
+  }
+
+  // A PING frame with `id` as one record in the send buffer; returns the record's bytes.
+  uint32_t SetPing(uint64_t id) {
+    std::string ping(kFrameHeaderBytes, '\0');
+    FrameHeader h;
+    h.type = FrameType::kPing;
+    h.call_id = id;
+    EncodeFrameHeader(h, reinterpret_cast<std::byte*>(ping.data()));
+    SetRecord(static_cast<uint32_t>(ping.size()), ping);
+    return static_cast<uint32_t>(8 + ping.size());
   }
 
   // A record header (u32 total message bytes, u32 0) followed by `payload`.
@@ -195,16 +264,75 @@ TEST_CASE("a raw verbs peer that breaks the ring protocol is dropped; others are
     CHECK(r->payload() == req.payload());
   }
 
-  // A well-formed record through the same raw path is served normally (the harness is sound).
+  // A well-formed record through the same raw path is served normally (the harness is sound):
+  // the server's SETTINGS, then the PONG to our PING, arrive in our ring.
   RawVerbsPeer peer(ts.uri);
   REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
-  std::string ping(kFrameHeaderBytes, '\0');
-  FrameHeader h;
-  h.type = FrameType::kPing;
-  h.call_id = 42;
-  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(ping.data()));
-  peer.SetRecord(static_cast<uint32_t>(ping.size()), ping);
-  CHECK(peer.Write(0, static_cast<uint32_t>(8 + ping.size()), 0) == IBV_WC_SUCCESS);
-  std::this_thread::sleep_for(300ms);
+  peer.GrantRing();
+  CHECK(peer.Write(0, peer.SetPing(42), 0) == IBV_WC_SUCCESS);
+  CHECK(peer.NextFrame(10000ms).type == FrameType::kSettings);
+  const FrameHeader pong = peer.NextFrame(10000ms);
+  CHECK(pong.type == FrameType::kPong);
+  CHECK(pong.call_id == 42);
   CHECK(ts.server.connections() == 2);
+}
+
+TEST_CASE("a client cannot write into another client's receive ring, even with its rkey",
+          "[rdma][isolation]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  // One I/O thread: both connections share its protection domain, the case where an MR's rkey
+  // alone would let one client write into the other's ring.
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  RawVerbsPeer victim(ts.uri), attacker(ts.uri);
+  REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+  victim.GrantRing();
+  CHECK(victim.NextFrame(10000ms).type == FrameType::kSettings);
+  // The attacker knows the victim's ring address and rkey exactly (better than any guess) and
+  // writes a PING where the victim's first record would go.
+  const uint32_t bytes = attacker.SetPing(666);
+  const ibv_wc_status st = attacker.WriteTo(victim.remote_addr(), victim.remote_rkey(), 0, bytes, 0);
+  INFO("the attacker's write completed with " << ibv_wc_status_str(st));
+  CHECK(st == IBV_WC_REM_ACCESS_ERR);
+  // The victim is served as if nothing happened: its own PING is answered, and nothing of the
+  // attacker's reached the server in its name (the next frame is the answer to call 7).
+  CHECK(victim.Write(0, victim.SetPing(7), 0) == IBV_WC_SUCCESS);
+  const FrameHeader pong = victim.NextFrame(10000ms);
+  CHECK(pong.type == FrameType::kPong);
+  CHECK(pong.call_id == 7);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  CHECK(TestService::BlockingStub(*good).Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+TEST_CASE("a client that takes no replies and writes past its credit is closed; memory stays bounded",
+          "[rdma][backpressure]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  ServerOptions so{.io_threads = 1};
+  so.max_buffered_bytes_per_connection = 256 * 1024;
+  TestServer ts(listen, so);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  RawVerbsPeer peer(ts.uri);  // never grants its ring: the server's PONGs can only queue
+  REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+  const uint32_t slots = kRing / transport::rdma::kRecordAlignBytes;
+  const uint32_t bytes = peer.SetPing(1);
+  // PING records one after another around the ring, ignoring credit. The server queues PONGs
+  // up to its budget, then returns no more credit; one ring later the peer is over its credit.
+  int written = 0;
+  bool closed = false;
+  for (; written < 4 * int(slots) && !closed; ++written) {
+    const uint32_t slot = uint32_t(written) % slots;
+    if (peer.Write(slot * transport::rdma::kRecordAlignBytes, bytes, slot) != IBV_WC_SUCCESS) break;
+    closed = ts.server.connections() == 1;
+  }
+  INFO("records written before the server closed the connection: " << written);
+  CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
+  CHECK(ts.server.throttle_events() > 0);
+  // Budget (256 KiB of queued PONGs, ~2,700) plus one ring (16,384 records) and a little slack.
+  CHECK(written < 2 * int(slots) + 512);
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }

@@ -70,6 +70,17 @@ TEST_CASE("the receiver rejects records outside the ring or out of order", "[rin
   CHECK(r.TakeCredits(0) == (4096 - 64) + 64);
 }
 
+TEST_CASE("a connection starts without credit until the receiver grants its whole ring", "[ring]") {
+  SendRing s(4096, /*granted=*/false);
+  CHECK_FALSE(s.Reserve(64).has_value());
+  SendRing partial(4096, false);
+  CHECK_FALSE(partial.OnCredit(1024));  // a first credit must be the whole ring
+  REQUIRE(s.OnCredit(4096));
+  CHECK(s.Reserve(64).has_value());
+  CHECK(s.used() == 64);
+  CHECK_FALSE(s.OnCredit(128));  // then only what was written may come back
+}
+
 TEST_CASE("a sender that writes past its credits is caught", "[ring]") {
   // While the receiver withholds credit (a paused connection), the sender may fill the ring
   // exactly once; one more record is a protocol violation, not an overwrite.

@@ -26,6 +26,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <random>
 #include <unordered_map>
 
 #include "transport/handler_slot.h"
@@ -116,6 +117,11 @@ std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d,
   return "";
 }
 
+uint32_t RandomByte() {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  return rng() & 0xff;
+}
+
 bool SetNonBlocking(int fd) {
   int flags = fcntl(fd, F_GETFL);
   return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
@@ -163,6 +169,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   ibv_pd* pd() const { return pd_.get(); }
   ibv_srq* srq() const { return srq_.get(); }
+  // Whether rings can be exposed through type-2 memory windows (bound to one QP each).
+  bool qp_bound_windows() const { return mw_type2_; }
 
   // A CQ with room for one more connection whose send queue holds `send_depth` requests.
   Expected<CqSlot*> AcquireCq(uint32_t send_depth) {
@@ -220,6 +228,15 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   std::string Init() {
     ibv_device_attr attr{};
     if (ibv_query_device(verbs_, &attr)) return Errno("ibv_query_device");
+    mw_type2_ = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && attr.max_mw > 0 &&
+                std::getenv("RDMARPC_NO_MEMORY_WINDOWS") == nullptr;
+    if (!mw_type2_) {
+      spdlog::warn(
+          "rdma: memory windows off on {} (the device has no type-2 windows, or "
+          "RDMARPC_NO_MEMORY_WINDOWS is set): each receive ring is protected by its rkey alone, "
+          "which any connection of the same I/O thread could use",
+          ibv_get_device_name(verbs_->device));
+    }
     pd_.reset(ibv_alloc_pd(verbs_));
     if (!pd_) return Errno("ibv_alloc_pd");
     channel_.reset(ibv_create_comp_channel(verbs_));
@@ -335,6 +352,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   std::vector<Slab> slabs_;
   std::vector<SendBuffer> free_send_;
   uint32_t cqe_ = 0, srq_depth_ = 0;
+  bool mw_type2_ = false;
   asio::posix::stream_descriptor fd_;
   bool busy_poll_;
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> by_qp_;
@@ -354,6 +372,9 @@ class RdmaConnection final : public Connection,
   ~RdmaConnection() override {
     if (dev_ && qp_num_) dev_->Unregister(qp_num_);
     if (event_fd_.is_open()) event_fd_.release();  // rdma_destroy_event_channel closes it
+    // The window first: bound to the QP, it holds a reference to it, and a QP destroyed before
+    // its windows waits for them (rxe: 50 s, then gives up).
+    recv_mw_.reset();
     id_.reset();  // destroys the QP: nothing reads the send buffer any more
     events_.reset();
     if (cq_slot_) dev_->ReleaseCq(cq_slot_);
@@ -383,10 +404,18 @@ class RdmaConnection final : public Connection,
     auto send = dev_->AcquireSendBuffer();
     if (!send.ok()) return send.error().message;
     send_ = send.value();
-    // The receive ring is the only memory the peer may touch, and only to write.
+    // The receive ring is the only memory the peer may touch, and only to write. All connections
+    // of a thread share one protection domain (their SRQ and send slabs need it), so an MR's
+    // own rkey would let any of them write into any ring: instead the MR grants no remote
+    // access at all, and the peer gets the rkey of a type-2 memory window bound to this
+    // connection's QP alone (Open() binds it). Another QP using that rkey gets a remote access
+    // error. The window's key byte is random.
+    const bool windows = dev_->qp_bound_windows();
     recv_mr_.reset(ibv_reg_mr(dev_->pd(), recv_buf_.get(), kRingBytes,
-                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+                              IBV_ACCESS_LOCAL_WRITE |
+                                  (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE)));
     if (!recv_mr_) return Errno("ibv_reg_mr (receive ring)");
+    ring_rkey_ = recv_mr_->rkey;
     auto slot = dev_->AcquireCq(kSendDepth);
     if (!slot.ok()) return slot.error().message;
     cq_slot_ = slot.value();
@@ -406,17 +435,49 @@ class RdmaConnection final : public Connection,
     max_inline_ = qa.cap.max_inline_data;
     send_depth_ = qa.cap.max_send_wr;
     qp_num_ = id_->qp->qp_num;
+    if (windows) {
+      // Allocated after the QP on purpose: a process that dies has its verbs objects destroyed
+      // newest first, and rxe (kernel 6.1) stalls 50 s destroying a QP that a bound window
+      // still references, which kept killed servers from disconnecting their clients.
+      recv_mw_.reset(ibv_alloc_mw(dev_->pd(), IBV_MW_TYPE_2));
+      if (!recv_mw_) return Errno("ibv_alloc_mw");
+      uint8_t key = 0;
+      while (key == 0 || key == (recv_mw_->rkey & 0xff)) key = static_cast<uint8_t>(RandomByte());
+      ring_rkey_ = (recv_mw_->rkey & 0xffffff00u) | key;
+    }
     dev_->Register(qp_num_, weak_from_this());
     return "";
   }
 
   RingDescriptor LocalRing() const {
-    return {reinterpret_cast<uint64_t>(recv_buf_.get()), recv_mr_->rkey, kRingBytes};
+    return {reinterpret_cast<uint64_t>(recv_buf_.get()), ring_rkey_, kRingBytes};
   }
 
   void SetRemoteRing(const RingDescriptor& d) {
     remote_ = d;
-    send_ring_ = SendRing(std::min(d.bytes, kRingBytes));
+    // No credit until the peer grants its ring (it may not be writable yet: see Open()).
+    send_ring_ = SendRing(std::min(d.bytes, kRingBytes), /*granted=*/false);
+  }
+
+  // Once ESTABLISHED (the QP can send): makes our ring writable by the peer, through this QP
+  // only, and grants it as credit. The grant is a zero-byte write (which touches no memory) that
+  // follows the bind on the same send queue, so the peer never writes before the window works.
+  std::string Open() {
+    if (recv_mw_) {
+      ibv_send_wr wr{};
+      wr.opcode = IBV_WR_BIND_MW;
+      wr.bind_mw.mw = recv_mw_.get();
+      wr.bind_mw.rkey = ring_rkey_;
+      wr.bind_mw.bind_info.mr = recv_mr_.get();
+      wr.bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(recv_buf_.get());
+      wr.bind_mw.bind_info.length = kRingBytes;
+      wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+      if (!PostSend(wr)) return "cannot bind the receive ring's memory window";
+    }
+    if (!PostWrite(0, 0, kImmCreditBit | (kRingBytes / kRecordAlignBytes))) {
+      return "cannot grant the receive ring";
+    }
+    return "";
   }
 
   rdma_cm_id* id() { return id_.get(); }
@@ -553,7 +614,13 @@ class RdmaConnection final : public Connection,
         !(be32toh(wc.imm_data) & kImmCreditBit) && (paused_ || !held_.empty())) {
       // A data record while receiving is paused: it stays in the ring, unconsumed and uncredited,
       // until ResumeReceiving. Send completions and credits are still taken: they are what lets
-      // our own queue drain.
+      // our own queue drain. A peer that writes more than its credit covers meanwhile is cut off
+      // here (ReceiveRing::Accept would, but only once the records are consumed).
+      held_bytes_ += AlignRecord(wc.byte_len);
+      if (recv_ring_.unreported() + held_bytes_ > kRingBytes) {
+        CloseWith("protocol error: peer wrote past its credits while we withheld them");
+        return;
+      }
       held_.push_back(wc);
       return;
     }
@@ -627,6 +694,7 @@ class RdmaConnection final : public Connection,
     while (!held_.empty() && !paused_ && !handler_.closed()) {
       const ibv_wc wc = held_.front();
       held_.pop_front();
+      held_bytes_ -= AlignRecord(wc.byte_len);
       const uint32_t imm = be32toh(wc.imm_data);
       OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
     }
@@ -647,23 +715,29 @@ class RdmaConnection final : public Connection,
     sge.addr = reinterpret_cast<uint64_t>(send_.data) + offset;
     sge.length = bytes;
     sge.lkey = send_.lkey;
-    ibv_send_wr wr{}, *bad = nullptr;
+    ibv_send_wr wr{};
     wr.sg_list = bytes ? &sge : nullptr;
     wr.num_sge = bytes ? 1 : 0;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data = htobe32(imm);
     wr.wr.rdma.remote_addr = remote_.addr + offset;
     wr.wr.rdma.rkey = remote_.rkey;
+    if (bytes && bytes <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    return PostSend(wr, signal);
+  }
+
+  // Posts one work request, counting it in send_unretired_. Every kSignalEvery-th is signaled,
+  // and every one once the queue is half full, so that a signaled completion always comes to
+  // retire what is outstanding (its wr_id says how many it retires).
+  bool PostSend(ibv_send_wr& wr, bool signal = false) {
     ++since_signal_;
     ++send_unretired_;
-    // Signal every kSignalEvery-th send, and every send once the queue is half full, so that a
-    // signaled completion always comes to retire what is outstanding.
     if (signal || since_signal_ >= kSignalEvery || send_unretired_ * 2 >= send_depth_) {
       wr.send_flags |= IBV_SEND_SIGNALED;
       wr.wr_id = since_signal_;
       since_signal_ = 0;
     }
-    if (bytes && bytes <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    ibv_send_wr* bad = nullptr;
     if (ibv_post_send(id_->qp, &wr, &bad)) {
       CloseWith(Errno("ibv_post_send"));
       return false;
@@ -756,6 +830,7 @@ class RdmaConnection final : public Connection,
     pending_.clear();
     pending_bytes_ = pending_sent_ = 0;
     held_.clear();
+    held_bytes_ = 0;
     partial_ = {};
     asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
   }
@@ -768,6 +843,8 @@ class RdmaConnection final : public Connection,
   std::shared_ptr<ThreadDevice> dev_;
   AlignedBuffer recv_buf_;
   Mr recv_mr_;
+  Mw recv_mw_;  // deallocated first of all (see the destructor), before the MR it windows
+  uint32_t ring_rkey_ = 0;  // what the peer writes with: the window's, or the MR's
   ThreadDevice::SendBuffer send_;  // from dev_'s slabs; returned in the destructor
   EventChannel events_;
   asio::posix::stream_descriptor event_fd_;
@@ -788,6 +865,7 @@ class RdmaConnection final : public Connection,
   bool closing_ = false;      // CloseAfterSending
   bool final_signal_posted_ = false;
   std::deque<ibv_wc> held_;   // data records that arrived while paused (bounded by the ring)
+  uint64_t held_bytes_ = 0;   // ring bytes they occupy
   bool reassembling_ = false;
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
@@ -996,6 +1074,9 @@ class RdmaListener final : public Listener {
       ev.reset();
       if (self->closed) co_return;
       conn->WatchEvents();
+      if (std::string err = conn->Open(); !err.empty()) {
+        spdlog::warn("rdma: connection from {}: {}", peer, err);
+      }
       self->on_accept(conn);
     }
   };
@@ -1202,6 +1283,7 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
   }
   conn->SetRemoteRing(remote);
   conn->WatchEvents();
+  if (std::string e = conn->Open(); !e.empty()) co_return fail(e);
   out.conn = std::move(conn);
   co_return out;
 }

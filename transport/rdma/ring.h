@@ -26,7 +26,11 @@ constexpr uint64_t AlignRecord(uint64_t n) {
 // Sender's view of the peer's ring.
 class SendRing {
  public:
-  explicit SendRing(uint32_t ring_bytes) : size_(ring_bytes) {}
+  // `granted`: whether the whole ring may be written at once. A connection starts without
+  // credit (false) and waits for the receiver's first credit, which grants the whole ring once
+  // it is writable (see docs/PROTOCOL.md, "Ring protection").
+  explicit SendRing(uint32_t ring_bytes, bool granted = true)
+      : size_(ring_bytes), granted_(granted) {}
 
   // The largest record Reserve accepts: a quarter of the ring, which guarantees progress (the
   // receiver returns credits at latest once a quarter of the ring is freed).
@@ -35,6 +39,7 @@ class SendRing {
   // Reserves room for a record of `bytes`; returns its offset, or nullopt when the credits do not
   // cover it yet (try again after OnCredit). bytes must be <= max_record_bytes().
   std::optional<uint32_t> Reserve(uint32_t bytes) {
+    if (!granted_) return std::nullopt;
     const uint64_t need = AlignRecord(bytes);
     const uint64_t skip = size_ - tail_ < need ? size_ - tail_ : 0;
     if (used() + skip + need > size_) return std::nullopt;
@@ -46,9 +51,14 @@ class SendRing {
     return at;
   }
 
-  // The receiver freed `bytes` more. Returns false if that is more than was ever written
-  // (a protocol violation).
+  // The receiver freed `bytes` more (or, first of all, granted the whole ring). Returns false
+  // if that is more than was ever written, or a first credit that is not the whole ring (a
+  // protocol violation).
   bool OnCredit(uint64_t bytes) {
+    if (!granted_) {
+      granted_ = bytes == size_;
+      return granted_;
+    }
     if (freed_ + bytes > written_) return false;
     freed_ += bytes;
     return true;
@@ -59,6 +69,7 @@ class SendRing {
 
  private:
   uint32_t size_;
+  bool granted_;
   uint32_t tail_ = 0;
   uint64_t written_ = 0, freed_ = 0;
 };

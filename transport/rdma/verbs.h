@@ -23,6 +23,9 @@ struct SrqDeleter {
 struct MrDeleter {
   void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
 };
+struct MwDeleter {
+  void operator()(ibv_mw* p) const { ibv_dealloc_mw(p); }
+};
 struct EventChannelDeleter {
   void operator()(rdma_event_channel* p) const { rdma_destroy_event_channel(p); }
 };
@@ -41,6 +44,7 @@ using Cq = std::unique_ptr<ibv_cq, CqDeleter>;
 using CompChannel = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using Srq = std::unique_ptr<ibv_srq, SrqDeleter>;
 using Mr = std::unique_ptr<ibv_mr, MrDeleter>;
+using Mw = std::unique_ptr<ibv_mw, MwDeleter>;
 using EventChannel = std::unique_ptr<rdma_event_channel, EventChannelDeleter>;
 using CmId = std::unique_ptr<rdma_cm_id, CmIdDeleter>;
 using CmEvent = std::unique_ptr<rdma_cm_event, CmEventAcker>;
