@@ -36,7 +36,14 @@ namespace {
 
 // The target: 64 MiB plus the configured limits, here ServerOptions::
 // max_buffered_bytes_per_connection (16 MiB) for each of the (up to two) attacking connections.
+// Under a sanitizer resident memory says little (ASan keeps freed memory in quarantine and pads
+// every block; TSan adds shadow memory), so there the attacks run and the server must survive
+// them and keep serving, but the figure is only printed.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kAllowedMiB = 1e9;
+#else
 constexpr double kAllowedMiB = 64 + 2 * 16;
+#endif
 
 double RssMiB(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -303,7 +310,7 @@ TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXH
   REQUIRE(early.ok());
   demo::Echo::BlockingStub early_stub(*early);
   std::vector<int> fds;
-  for (int c = 0; c < 80; ++c) fds.push_back(RawClient(PortOf(uri)));
+  for (int c = 0; c < 60; ++c) fds.push_back(RawClient(PortOf(uri)));
   std::this_thread::sleep_for(300ms);
   ChannelOptions co;
   co.reconnect = false;
@@ -312,8 +319,10 @@ TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXH
   const auto took = std::chrono::steady_clock::now() - t0;
   REQUIRE_FALSE(late.ok());
   INFO(late.status().ToString());
+  std::printf("refused with %s after %.0f ms\n", late.status().ToString().c_str(),
+              std::chrono::duration<double, std::milli>(took).count());
   CHECK(late.status().code() == StatusCode::kResourceExhausted);
-  CHECK(took < 2s);  // not a stall until the 5 s connect timeout
+  CHECK(took < 1s);  // not a stall until the 5 s connect timeout (it took 1 ms here)
   demo::SayRequest req;
   req.set_message("early");
   CHECK(early_stub.Say(req, {.timeout = 5s}).ok());

@@ -38,9 +38,10 @@ struct Options {
   // it without recompiling.
   bool busy_poll = BusyPollFromEnvironment();
   // Shared secret for connection set-up ("" = none). A server with a secret refuses, before any
-  // message flows, a client whose handshake does not carry the same one; a client sends its
-  // secret's SHA-256 digest (never the secret). Not encryption: see transport/handshake.h for
-  // what it does and does not protect.
+  // message flows, a client that cannot prove it knows the same one; a client with a secret
+  // refuses a server that cannot prove it. Proofs are HMAC-SHA256 challenge-responses (the
+  // secret never travels, and no proof can be replayed). Not encryption: see
+  // transport/handshake.h for what it does and does not protect. Use a long random secret.
   std::string auth_secret;
 
   static bool BusyPollFromEnvironment() {

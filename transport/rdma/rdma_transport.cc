@@ -1317,7 +1317,7 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
       a.error.message = what + a.error.message;
       co_return a.error;
     }
-    spdlog::debug("{}attempt {} failed ({}); trying again", what, attempt + 1, a.error.message);
+    spdlog::info("{}attempt {} failed ({}); trying again", what, attempt + 1, a.error.message);
     pause.expires_after(std::chrono::milliseconds(pause_ms));
     co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
   }

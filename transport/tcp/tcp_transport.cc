@@ -258,6 +258,8 @@ class TcpListener final : public Listener {
     // clear RESOURCE_EXHAUSTED at once instead of waiting in the backlog for their timeout.
     // Only on the listener's thread.
     int spare_fd = -1;
+    bool refusing = false;  // the spare is lent to RefuseBusy
+    bool accept_waits_for_spare = false;  // an accept hit EMFILE while the spare was lent out
     int64_t refused_busy = 0;
   };
 
@@ -271,9 +273,16 @@ class TcpListener final : public Listener {
     s->acceptor.async_accept(target, [s](boost::system::error_code ec, tcp::socket sock) {
       if (s->closed) return;
       if (ec) {
-        if ((ec == asio::error::no_descriptors || ec.value() == ENFILE) && RefuseOneBusy(s)) {
-          AcceptNext(s);
-          return;
+        if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+          if (RefuseOneBusy(s)) {
+            AcceptNext(s);
+            return;
+          }
+          if (s->spare_fd < 0 && s->refusing) {
+            // The spare is refusing someone right now: accept again when it is back.
+            s->accept_waits_for_spare = true;
+            return;
+          }
         }
         spdlog::warn("tcp accept failed: {}", ec.message());
         // Back off briefly on errors such as EMFILE rather than spinning.
@@ -312,6 +321,7 @@ class TcpListener final : public Listener {
       s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       return false;
     }
+    s->refusing = true;
     asio::co_spawn(s->acceptor.get_executor(), RefuseBusy(s, std::move(sock)), asio::detached);
     return true;
   }
@@ -330,6 +340,11 @@ class TcpListener final : public Listener {
     sock.shutdown(tcp::socket::shutdown_both, ec);
     sock.close(ec);
     s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    s->refusing = false;
+    if (s->accept_waits_for_spare) {
+      s->accept_waits_for_spare = false;
+      AcceptNext(s);
+    }
   }
 
   // The server's half of the handshake, on the connection's own thread: read the client's

@@ -1,0 +1,83 @@
+// The TCP stream reassembler's memory bound (transport/tcp/reassembler.h), read pattern by read
+// pattern: what a peer announces costs nothing until it arrives, and reads that stop inside a
+// length prefix never make the buffer grow (they used to double it without end).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+
+#include "transport/tcp/reassembler.h"
+
+using rdmarpc::transport::tcp::StreamReassembler;
+
+namespace {
+
+constexpr size_t kInitial = 64 * 1024;
+constexpr size_t kMaxMessage = (64u << 20) + 4096;
+
+std::string Message(size_t body) {
+  std::string m(4 + body, 'm');
+  const uint32_t len = htole32(static_cast<uint32_t>(body));
+  std::memcpy(m.data(), &len, 4);
+  return m;
+}
+
+// Feeds `bytes` as one read (or several, if the buffer offers less room), taking every complete
+// message out after each; returns how many came out.
+size_t Feed(StreamReassembler& r, const std::string& bytes) {
+  size_t at = 0, got = 0;
+  while (at < bytes.size()) {
+    auto room = r.Writable();
+    const size_t n = std::min(room.size(), bytes.size() - at);
+    std::memcpy(room.data(), bytes.data() + at, n);
+    r.Commit(n);
+    at += n;
+    std::span<const std::byte> m;
+    while (r.Next(&m) == StreamReassembler::Result::kMessage) ++got;
+    r.Settle(1 << 20);
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("a length prefix alone allocates nothing; the buffer grows with what arrives",
+          "[reassembler]") {
+  StreamReassembler r(kInitial, kMaxMessage);
+  const uint32_t len = htole32(64u << 20);
+  CHECK(Feed(r, std::string(reinterpret_cast<const char*>(&len), 4)) == 0);
+  CHECK(r.capacity() == kInitial);  // it used to be 64 MiB, zeroed, at once
+  CHECK(Feed(r, std::string(1 << 20, 'x')) == 0);
+  CHECK(r.capacity() <= 2u << 20);  // about what arrived, not what was announced
+  CHECK(Feed(r, std::string((64u << 20) - (1 << 20), 'x')) == 1);
+  CHECK(r.capacity() <= 4 + (64u << 20));
+  // And it shrinks back once the large message is gone.
+  CHECK(Feed(r, Message(10)) == 1);
+  CHECK(r.capacity() == kInitial);
+}
+
+TEST_CASE("reads that end inside a length prefix never grow the buffer", "[reassembler]") {
+  StreamReassembler r(kInitial, kMaxMessage);
+  const std::string m = Message(32 * 1024);
+  size_t got = 0;
+  // Each read: the rest of a message and the first 2 bytes of the next one's length prefix.
+  got += Feed(r, m + m.substr(0, 2));
+  for (int i = 0; i < 20000; ++i) got += Feed(r, m.substr(2) + m.substr(0, 2));
+  CHECK(got == 20001);
+  CHECK(r.capacity() == kInitial);  // it used to double to 1 GiB and on
+}
+
+TEST_CASE("any read pattern keeps the buffer within one message", "[reassembler]") {
+  StreamReassembler r(kInitial, kMaxMessage);
+  std::string stream;
+  for (size_t body : {0u, 1u, 100u, 70000u, 5u, 300000u, 64u}) stream += Message(body);
+  size_t cut = 1, at = 0, got = 0;
+  while (at < stream.size()) {
+    const size_t n = std::min(cut, stream.size() - at);
+    got += Feed(r, stream.substr(at, n));
+    at += n;
+    cut = cut * 7 % 65537 + 1;
+    CHECK(r.capacity() <= std::max<size_t>(kInitial, 4 + 300000));
+  }
+  CHECK(got == 7);
+}
