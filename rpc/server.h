@@ -48,8 +48,9 @@ struct ServerOptions {
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
   // rings. Our channels then reconnect on their next call, so a legitimate client only pays a
-  // reconnect; keepalive PINGs do not count as activity. Checked twice per period, so a
-  // connection goes after between 1 and 1.5 times this. Zero = never.
+  // reconnect; keepalive PINGs do not count as activity. Checked twice per period, so the
+  // GOAWAY goes after between 1 and 1.5 times this; a client that does not close then is closed
+  // one period later. Zero = never.
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
 };
 

@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -296,12 +297,21 @@ TEST_CASE("a connection that trickles one byte and never completes a frame is cl
   const auto t0 = std::chrono::steady_clock::now();
   CHECK(ClosedByServer(fd, 5000ms));
   const auto took = std::chrono::steady_clock::now() - t0;
+  std::printf("trickling connection closed after %.0f ms (idle timeout 500 ms)\n",
+              std::chrono::duration<double, std::milli>(took).count());
   CHECK(took < 2s);  // within 1.5 x the idle timeout, plus a little
   close(fd);
 }
 
 TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXHAUSTED",
           "[hostile][tcp][limits]") {
+  if (const char* ub = std::getenv("UBSAN_OPTIONS"); ub && *ub) {
+    // UBSan's vptr check probes memory through a pipe; in a process out of descriptors the probe
+    // fails and every virtual call is reported as an "invalid vptr", so the server dies of the
+    // checker, not of a bug. Run by every other configuration.
+    WARN("not run under UBSan (--config=ubsan): its vptr check needs free descriptors");
+    return;
+  }
   // 48 descriptors for the whole server process, and idle connections holding most of them.
   auto [server, uri] = StartServer({"/usr/bin/prlimit", "--nofile=48:48", Runfile(kServer),
                                     "--listen", "tcp://127.0.0.1:0", "--idle-timeout-ms", "3000"});
@@ -326,10 +336,16 @@ TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXH
   demo::SayRequest req;
   req.set_message("early");
   CHECK(early_stub.Say(req, {.timeout = 5s}).ok());
-  // The idle ones are reclaimed (idle timeout), and then newcomers get in.
-  std::this_thread::sleep_for(4500ms);
-  auto later = Channel::ConnectBlocking(uri, co);
-  INFO(later.status().ToString());
-  CHECK(later.ok());
+  // The idle ones are reclaimed (GOAWAY after 3-4.5 s; they ignore it, so they are closed 1.5 s
+  // later), and then newcomers get in.
+  std::string last;
+  CHECK(Eventually(
+      [&] {
+        auto later = Channel::ConnectBlocking(uri, co);
+        last = later.status().ToString();
+        return later.ok();
+      },
+      12000ms));
+  INFO(last);
   for (int fd : fds) close(fd);
 }

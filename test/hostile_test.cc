@@ -59,7 +59,7 @@ TEST_CASE("a client that stops reading is throttled, not buffered without bound;
   // than the sockets' buffers hold); over RDMA 40,000 (the 1 MiB ring takes 16,384 PONGs).
   const int kPings = listen.rfind("rdma", 0) == 0 ? 40000 : 200000;
   size_t pongs_while_paused = 0;
-  bool other_served = false;
+  std::atomic<bool> other_served{false};
   auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
     auto [conn, peer] = co_await RawConnect(ts.uri);
     conn->PauseReceiving();
@@ -76,7 +76,7 @@ TEST_CASE("a client that stops reading is throttled, not buffered without bound;
     co_await WaitUntil([&] { return ts.server.throttle_events() > 0; }, 20000ms);
     // ... and keeps serving everyone else meanwhile.
     std::thread t([&] { other_served = stub.Echo(EchoRequest(), {.timeout = 10s}).ok(); });
-    co_await WaitUntil([&] { return other_served; }, 15000ms);
+    co_await WaitUntil([&] { return other_served.load(); }, 15000ms);
     t.join();
     pongs_while_paused = peer->received.size();
     // Reading again, the client gets every PONG: backpressure, never loss.
@@ -296,7 +296,10 @@ TEST_CASE("a server shut down while clients are connecting stops cleanly", "[hos
       }
     });
   }
-  std::this_thread::sleep_for(400ms);
+  // Shut down while connections are being made (an instrumented build over RDMA in the emulated
+  // guest needs a few seconds for the first one).
+  REQUIRE(Eventually([&] { return connected.load() > 0; }, 30000ms));
+  std::this_thread::sleep_for(100ms);
   ts->server.Shutdown();
   stop = true;
   for (auto& t : clients) t.join();

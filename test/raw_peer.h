@@ -48,7 +48,9 @@ struct RawPeer final : transport::ConnectionHandler {
 struct Bytes final : transport::MessageWriter {
   explicit Bytes(std::string b) : bytes(std::move(b)) {}
   size_t size() const override { return bytes.size(); }
-  void WriteTo(std::byte* dst) const override { std::memcpy(dst, bytes.data(), bytes.size()); }
+  void WriteTo(std::byte* dst) const override {
+    if (!bytes.empty()) std::memcpy(dst, bytes.data(), bytes.size());
+  }
   std::string bytes;
 };
 

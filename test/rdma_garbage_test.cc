@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <endian.h>
 #include <memory>
 #include <thread>
@@ -209,6 +210,15 @@ class RawVerbsPeer {
   uint32_t remote_rkey_ = 0;
 };
 
+double RssMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
 std::string RdmaUri() {
   for (const auto& u : ListenUris()) {
     if (u.rfind("rdma://", 0) == 0) return u;
@@ -311,7 +321,9 @@ TEST_CASE("a client that takes no replies and writes past its credit is closed; 
   REQUIRE_FALSE(listen.empty());
   InitLogging("", "info");
   ServerOptions so{.io_threads = 1};
-  so.max_buffered_bytes_per_connection = 256 * 1024;
+  // A small budget, and the default one (16 MiB).
+  const size_t budget = GENERATE(size_t{256 * 1024}, ServerOptions{}.max_buffered_bytes_per_connection);
+  so.max_buffered_bytes_per_connection = budget;
   TestServer ts(listen, so);
   auto good = Channel::ConnectBlocking(ts.uri);
   REQUIRE(good.ok());
@@ -324,15 +336,24 @@ TEST_CASE("a client that takes no replies and writes past its credit is closed; 
   // up to its budget, then returns no more credit; one ring later the peer is over its credit.
   int written = 0;
   bool closed = false;
-  for (; written < 4 * int(slots) && !closed; ++written) {
+  const double rss_start = RssMiB();
+  double rss_peak = rss_start;
+  // What the budget holds in PONGs (32 bytes each, plus 64 of bookkeeping), then one ring.
+  const int expected = int(budget / 96) + int(slots);
+  for (; written < 2 * expected && !closed; ++written) {
     const uint32_t slot = uint32_t(written) % slots;
     if (peer.Write(slot * transport::rdma::kRecordAlignBytes, bytes, slot) != IBV_WC_SUCCESS) break;
     closed = ts.server.connections() == 1;
+    if (written % 256 == 0) rss_peak = std::max(rss_peak, RssMiB());
   }
+  // This process is the server (and the raw peer, whose memory is fixed: its 1 MiB ring).
+  std::printf("RSS rdma PINGs without credit, budget %zu KiB: start %.1f MiB, peak %.1f MiB, "
+              "%d records\n", budget / 1024, rss_start, rss_peak, written);
   INFO("records written before the server closed the connection: " << written);
+  CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
   CHECK(ts.server.throttle_events() > 0);
-  // Budget (256 KiB of queued PONGs, ~2,700) plus one ring (16,384 records) and a little slack.
-  CHECK(written < 2 * int(slots) + 512);
+  // The budget's worth of queued PONGs plus one ring (16,384 records), and a little slack.
+  CHECK(written < expected + 512);
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }

@@ -559,7 +559,7 @@ class RdmaConnection final : public Connection,
     // No credit, no send-queue room, or too big for one record: keep a copy and send it in
     // order as credits come back. Backpressure, never loss.
     std::vector<std::byte> copy(n);
-    message.WriteTo(copy.data());
+    if (n) message.WriteTo(copy.data());  // an empty vector's data() may be null
     pending_bytes_ += n + kPendingOverheadBytes;
     pending_.push_back(std::move(copy));
     SendPending();

@@ -274,6 +274,8 @@ class TcpListener final : public Listener {
       if (s->closed) return;
       if (ec) {
         if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+          // (accept fails so whenever the process has no descriptor free, whether or not a
+          // client is waiting.)
           if (RefuseOneBusy(s)) {
             AcceptNext(s);
             return;
@@ -281,6 +283,13 @@ class TcpListener final : public Listener {
           if (s->spare_fd < 0 && s->refusing) {
             // The spare is refusing someone right now: accept again when it is back.
             s->accept_waits_for_spare = true;
+            return;
+          }
+          if (s->spare_fd >= 0) {
+            // Nobody is waiting: try again when someone is, not on a timer.
+            s->acceptor.async_wait(tcp::acceptor::wait_read, [s](boost::system::error_code) {
+              AcceptNext(s);
+            });
             return;
           }
         }
@@ -306,6 +315,7 @@ class TcpListener final : public Listener {
     const int fd = ::accept4(s->acceptor.native_handle(), nullptr, nullptr,
                              SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
+      spdlog::debug("tcp: accepting a client to refuse it failed: {}", std::strerror(errno));
       s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       return false;
     }
