@@ -81,6 +81,14 @@ constexpr uint32_t kSignalEvery = 32;
 // of MiB (docs/RELIABILITY.md, "Soak").
 constexpr uint32_t kPollBudget = 256;
 constexpr int kResolveTimeoutMs = 2000;
+// How long a server waits, at least, for the CM's ESTABLISHED after accepting. The wait ends at
+// once if the client goes away (the CM reports that too), so a long one costs nothing with
+// live clients; a short one cost clients: when 100 connect at once, this server's own event
+// loop can take seconds to get to an ESTABLISHED, and a server that gave up first destroyed
+// the QP under a client that was just finishing, which saw RDMA_CM_EVENT_CONNECT_ERROR (the
+// "100 connections at once" flake: with the wait cut to 300 ms, 113 give-ups, 113
+// CONNECT_ERRORs).
+constexpr int kEstablishWaitMinMs = 30000;
 // What one message waiting for credit costs beyond its bytes (its vector, the deque slot, the
 // allocator's header), counted in queued_send_bytes() so that a flood of tiny messages (PONGs)
 // is charged for the memory it really takes.
@@ -1065,7 +1073,8 @@ class RdmaListener final : public Listener {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
       }
-      CmEvent ev = co_await conn->NextEvent(self->options.connect_timeout_ms);
+      CmEvent ev = co_await conn->NextEvent(
+          std::max(self->options.connect_timeout_ms, kEstablishWaitMinMs));
       if (!ev || ev->event != RDMA_CM_EVENT_ESTABLISHED) {
         spdlog::warn("rdma: connection from {} not established: {}", peer,
                      ev ? rdma_event_str(ev->event) : "timed out");
