@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -64,11 +65,13 @@ struct ServerCore {
     if (wake_write >= 0) close(wake_write);
   }
   void WakeRun() {
+    const int saved_errno = errno;  // a signal handler must leave errno as it found it
     shutdown_requested.store(true);
     if (wake_write >= 0) {
       const char byte = 1;
       [[maybe_unused]] ssize_t n = write(wake_write, &byte, 1);  // full pipe: already woken
     }
+    errno = saved_errno;
   }
   void WaitForShutdownRequest() {
     while (!shutdown_requested.load()) {
