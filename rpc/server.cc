@@ -541,9 +541,11 @@ void Server::Shutdown() {
       });
     }
     for (auto& t : core_->threads) {
-      std::promise<void> flushed;
-      asio::post(t->ioc, [&flushed] { flushed.set_value(); });
-      flushed.get_future().wait_for(std::chrono::seconds(2));
+      // Shared with the handler: a loop too slow to run it within the wait runs it later, from
+      // the poll() below, after this scope is gone (TSan: heap-use-after-free on a starved VM).
+      auto flushed = std::make_shared<std::promise<void>>();
+      asio::post(t->ioc, [flushed] { flushed->set_value(); });
+      flushed->get_future().wait_for(std::chrono::seconds(2));
       t->work.reset();
       t->ioc.stop();
     }

@@ -23,6 +23,13 @@ done
 busy_name=rpc_integration_test_busy_poll
 script+="; echo \"=== rpc_integration_test [core] over rdma:// with busy-poll\""
 script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_name.xml TEST_TARGET=rdma_vm/$busy_name timeout 300 test/rpc_integration_test '[core]' --durations yes || rc=1"
+# The suites above run with the default polling (adaptive: an I/O thread keeps polling its CQs
+# for a while after traffic, then sleeps on the completion channel). The core cases again with
+# pure events (RDMARPC_POLL_SPIN_US=0: every completion comes through a channel event), so that
+# the sleeping path is exercised on every message.
+events_name=rpc_integration_test_events
+script+="; echo \"=== rpc_integration_test [core] over rdma:// with events only\""
+script+="; RDMARPC_POLL_SPIN_US=0 XML_OUTPUT_FILE=$results/$events_name.xml TEST_TARGET=rdma_vm/$events_name timeout 300 test/rpc_integration_test '[core]' --durations yes || rc=1"
 # And the connection-limit cases with busy-poll: a server at its limit writes GOAWAY the moment
 # a connection is up, the race in which completions polled before Start's replay of early ones
 # used to be processed ahead of them (issue 11, item 11).
@@ -54,7 +61,7 @@ if [ -n "${XML_OUTPUT_FILE:-}" ]; then
     echo '<?xml version="1.0" encoding="UTF-8"?>'
     echo '<testsuites>'
     echo "<testsuite name=\"rdma_vm/linking\" tests=\"1\">$dynamic_case</testsuite>"
-    for name in $(for s in "${suites[@]}"; do basename "$s"; done) "$busy_name" "$busy_limits"; do
+    for name in $(for s in "${suites[@]}"; do basename "$s"; done) "$busy_name" "$events_name" "$busy_limits"; do
       if [ -s "$results/$name.xml" ]; then
         sed -n '/<testsuite /,/<\/testsuite>/p' "$results/$name.xml"
       else

@@ -37,6 +37,14 @@ struct Options {
   // Defaults to on when the environment has RDMARPC_BUSY_POLL=1, so that deployments can switch
   // it without recompiling.
   bool busy_poll = BusyPollFromEnvironment();
+  // RDMA only, when not busy-polling: adaptive polling. After its completion queues drain, an
+  // I/O thread keeps polling them for this long after the last completion before it sleeps on
+  // the completion channel, so a reply that comes back within the window costs no wake-up. An
+  // idle thread sleeps (no CPU); a thread with traffic spends up to this long per gap between
+  // messages spinning. 0 = pure events (lowest CPU, a wake-up per message on each side).
+  // RDMARPC_POLL_SPIN_US sets the default. The first RDMA connection or listener on an I/O
+  // thread sets that thread's polling, busy_poll included; later ones share it.
+  int poll_spin_us = PollSpinFromEnvironment();
   // Shared secret for connection set-up ("" = none). A server with a secret refuses, before any
   // message flows, a client that cannot prove it knows the same one; a client with a secret
   // refuses a server that cannot prove it. Proofs are HMAC-SHA256 challenge-responses (the
@@ -44,6 +52,15 @@ struct Options {
   // transport/handshake.h for what it does and does not protect. Use a long random secret.
   std::string auth_secret;
 
+  static constexpr int kDefaultPollSpinUs = 200;
+  static int PollSpinFromEnvironment() {
+    const char* v = std::getenv("RDMARPC_POLL_SPIN_US");
+    if (v == nullptr || *v == '\0') return kDefaultPollSpinUs;
+    char* end = nullptr;
+    long us = std::strtol(v, &end, 10);
+    if (*end != '\0' || us < 0 || us > 10'000'000) return kDefaultPollSpinUs;
+    return static_cast<int>(us);
+  }
   static bool BusyPollFromEnvironment() {
     const char* v = std::getenv("RDMARPC_BUSY_POLL");
     return v != nullptr && (std::string_view(v) == "1" || std::string_view(v) == "true");

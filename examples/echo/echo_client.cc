@@ -25,7 +25,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
-    "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--quiet]\n"
+    "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--poll-spin-us US]\n"
+    "                   [--quiet]\n"
     "                   [--auth-secret-file F] [--keepalive-ms N] [--keepalive-timeout-ms N]\n"
     "                   [--stop-on-error] [--log-level LEVEL]\n"
     "\n"
@@ -40,6 +41,8 @@ constexpr char kUsage[] =
     "  --connect-retry-ms N keep retrying the connection this long (default 0)\n"
     "  --busy-poll          rdma: spin on the completion queue (lowest latency, one core busy;\n"
     "                       also RDMARPC_BUSY_POLL=1)\n"
+    "  --poll-spin-us US    rdma: after traffic, keep polling this long before sleeping\n"
+    "                       (default 200, or RDMARPC_POLL_SPIN_US; 0 = sleep at once)\n"
     "  --quiet              print only the summary\n"
     "  --stop-on-error      make no more calls after the first failure\n"
     "  --keepalive-ms N     ping the server after N ms of silence (default 0 = off) ...\n"
@@ -134,7 +137,7 @@ int main(int argc, char** argv) {
       argc, argv,
       {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
        {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
-       {"quiet", false}, {"busy-poll", false}, {"log-level", true}, {"auth-secret-file", true},
+       {"quiet", false}, {"busy-poll", false}, {"poll-spin-us", true}, {"log-level", true}, {"auth-secret-file", true},
        {"keepalive-ms", true}, {"keepalive-timeout-ms", true}, {"stop-on-error", false},
        {"help", false}});
   if (flags.has("help")) {
@@ -156,6 +159,8 @@ int main(int argc, char** argv) {
   cfg.options.keepalive_timeout =
       std::chrono::milliseconds(flags.get_int("keepalive-timeout-ms", 5000, 1, 86400000));
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
+  cfg.options.transport.poll_spin_us = static_cast<int>(
+      flags.get_int("poll-spin-us", cfg.options.transport.poll_spin_us, 0, 10'000'000));
   cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {
     std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;

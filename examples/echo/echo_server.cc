@@ -14,8 +14,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--auth-secret-file F]\n"
-    "                   [--log-level LEVEL] [limits, below]\n"
+    "usage: echo_server [--listen URI]... [--threads N] [--busy-poll] [--poll-spin-us US]\n"
+    "                   [--auth-secret-file F] [--log-level LEVEL] [limits, below]\n"
     "\n"
     "Serves demo.Echo (proto/echo.proto) until SIGINT or SIGTERM, then drains in-flight calls.\n"
     "\n"
@@ -24,6 +24,9 @@ constexpr char kUsage[] =
     "  --threads N        I/O threads (default 1)\n"
     "  --busy-poll        rdma: spin on the completion queues (lowest latency; keeps one core\n"
     "                     per I/O thread busy; also RDMARPC_BUSY_POLL=1)\n"
+    "  --poll-spin-us US  rdma: after traffic, keep polling this long before sleeping on the\n"
+    "                     completion channel (default 200, or RDMARPC_POLL_SPIN_US; 0 = sleep\n"
+    "                     at once: least CPU, a wake-up per message)\n"
     "  --auth-secret-file F  refuse clients that do not present the secret in file F\n"
     "  --log-level LEVEL  trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or info)\n"
     "  --help, -h         this text\n"
@@ -56,7 +59,7 @@ class EchoService final : public demo::Echo::Service {
 
 int main(int argc, char** argv) {
   rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags({{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
-                                  {"auth-secret-file", true}, {"help", false}}));
+                                  {"poll-spin-us", true}, {"auth-secret-file", true}, {"help", false}}));
   if (flags.has("help")) {
     std::cout << Usage();
     return 0;
@@ -65,6 +68,8 @@ int main(int argc, char** argv) {
   const std::string secret = flags.auth_secret();
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
   rdmarpc::examples::ApplyServerFlags(flags, options);
+  options.transport.poll_spin_us = static_cast<int>(
+      flags.get_int("poll-spin-us", options.transport.poll_spin_us, 0, 10'000'000));
   if (!flags.error().empty()) {
     std::cerr << "echo_server: " << flags.error() << "\n(see echo_server --help)\n";
     return 2;

@@ -43,10 +43,12 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: rdmarpc_bench --server [--listen URI]... [--threads N] [--busy-poll]\n"
+    "                     [--poll-spin-us US]\n"
     "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
-    "                     [--threads T] [--busy-poll] [--verify] [--json] [--quiet]\n"
-    "       rdmarpc_bench --target URI --idle-connections N\n"
+    "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
+    "                     [--json] [--quiet]\n"
+    "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "\n"
     "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
     "Client: closed loop, C connections x D calls outstanding each; reports calls/s, MB/s\n"
@@ -63,8 +65,12 @@ constexpr char kUsage[] =
     "  --warmup S           seconds run but not counted first (default 1)\n"
     "  --threads T          I/O threads (client: connections are spread over them; default 1)\n"
     "  --busy-poll          rdma: spin on completion queues instead of sleeping\n"
+    "  --poll-spin-us US    rdma: keep polling this long after the last completion before\n"
+    "                       sleeping (default 200, or RDMARPC_POLL_SPIN_US); 0 = events only\n"
     "  --idle-connections N open N connections, make one call on each, then report the\n"
     "                       client's and the server's resident memory before and after\n"
+    "  --hold S             with --idle-connections: keep them open S seconds after the\n"
+    "                       report (e.g. to measure an idle server's CPU)\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
     "  --json               one JSON object on stdout instead of text\n"
@@ -107,6 +113,12 @@ int RunServer(rdmarpc::examples::Flags& flags, long threads) {
   BenchService service;
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
   if (flags.has("busy-poll")) options.transport.busy_poll = true;
+  options.transport.poll_spin_us = static_cast<int>(
+      flags.get_int("poll-spin-us", options.transport.poll_spin_us, 0, 10'000'000));
+  if (!flags.error().empty()) {
+    std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
+    return 2;
+  }
   rdmarpc::Server server(options);
   if (!server.AddService(service).ok()) return 1;
   auto uris = flags.all("listen");
@@ -247,7 +259,7 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
-int RunIdle(const ClientConfig& cfg, long n) {
+int RunIdle(const ClientConfig& cfg, long n, long hold_s) {
   Shared shared;
   Worker w;
   auto guard = asio::make_work_guard(w.ioc);
@@ -307,6 +319,7 @@ int RunIdle(const ClientConfig& cfg, long n) {
               << "client RSS per connection: " << Fixed(client_per / 1024, 1) << " KiB\n"
               << "server RSS per connection: " << Fixed(server_per / 1024, 1) << " KiB\n";
   }
+  std::this_thread::sleep_for(std::chrono::seconds(hold_s));
   return finish(opened == n && failed == 0 ? 0 : 1);
 }
 
@@ -428,7 +441,9 @@ int main(int argc, char** argv) {
                                   {"warmup", true},
                                   {"threads", true},
                                   {"busy-poll", false},
+                                  {"poll-spin-us", true},
                                   {"idle-connections", true},
+                                  {"hold", true},
                                   {"json", false},
                                   {"quiet", false}, {"verify", false},
                                   {"log-level", true},
@@ -451,7 +466,10 @@ int main(int argc, char** argv) {
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
+  cfg.options.transport.poll_spin_us = static_cast<int>(
+      flags.get_int("poll-spin-us", cfg.options.transport.poll_spin_us, 0, 10'000'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
+  const long hold_s = flags.get_int("hold", 0, 0, 86400);
   std::string bad = flags.error();
   if (bad.empty() && !flags.has("server") && cfg.target.empty()) bad = "give --server or --target";
   if (bad.empty() && cfg.verify && (cfg.request_bytes < 16 || cfg.response_bytes != cfg.request_bytes)) {
@@ -465,6 +483,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (flags.has("server")) return RunServer(flags, cfg.threads);
-  if (idle > 0) return RunIdle(cfg, idle);
+  if (idle > 0) return RunIdle(cfg, idle, hold_s);
   return RunClient(cfg);
 }

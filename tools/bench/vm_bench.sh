@@ -34,9 +34,13 @@ line=$(perf_line ib_write_bw 1048576 500)
 set -- $line
 [ $# -ge 4 ] && echo "{\"kind\":\"perftest\",\"tool\":\"ib_write_bw\",\"bytes\":1048576,\"mb_per_s\":$4}" >> "$out"
 
-for mode in busy-poll events; do
+# Three polling modes: busy-poll (--busy-poll), adaptive (the default: no flag) and pure events
+# (--poll-spin-us 0). After each mode's runs, one client holds one connection open without
+# calling, and the CPU time of both processes over 10 s is recorded (utime + stime, in ticks).
+for mode in busy-poll adaptive events; do
   flag=""
   [ "$mode" = busy-poll ] && flag="--busy-poll"
+  [ "$mode" = events ] && flag="--poll-spin-us 0"
   $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" $flag >/dev/null 2>&1 &
   server=$!
   sleep 1
@@ -48,6 +52,16 @@ for mode in busy-poll events; do
   r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes 1048576 \
       --response-bytes 0 --depth 4 --duration 5 --warmup 1 --json)
   echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"throughput\",\"result\":$r}" >> "$out"
+  $bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --idle-connections 1 --hold 13 \
+    --json >/dev/null 2>&1 &
+  client=$!
+  sleep 2
+  cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+  s0=$(cpu "$server"); c0=$(cpu "$client")
+  sleep 10
+  s1=$(cpu "$server"); c1=$(cpu "$client")
+  wait "$client"
+  echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"idle_cpu\",\"seconds\":10,\"ticks\":$((s1 - s0)),\"client_ticks\":$((c1 - c0)),\"ticks_per_s\":$(getconf CLK_TCK)}" >> "$out"
   kill "$server"; wait "$server" 2>/dev/null
 done
 

@@ -3,12 +3,13 @@
 // and docs/PROTOCOL.md for the bytes.
 //
 // Threading: a connection, its QP and its CM event channel live on one I/O thread. Each
-// (I/O thread, device) pair has one CQ whose completion-channel fd Asio waits on (or which is
-// busy-polled). Nothing here takes a lock except the set-up-time registry of those CQs.
+// (I/O thread, device) pair has CQs on one completion channel, polled adaptively (see
+// ThreadDevice::Spin), busy-polled, or only on the channel's events. Nothing here takes a lock.
 #include "transport/rdma/rdma_transport.h"
 
 #include <endian.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/as_tuple.hpp>
@@ -22,6 +23,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -160,8 +162,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   };
 
   // The device state of the I/O thread that runs `ex`, created on first use. Call on that thread.
+  // The first connection or listener on the thread sets its polling (Options::busy_poll and
+  // poll_spin_us); later ones share it.
   static Expected<std::shared_ptr<ThreadDevice>> For(const Executor& ex, ibv_context* verbs,
-                                                     bool busy_poll);
+                                                     const Options& options);
 
   ~ThreadDevice() {
     Detach();
@@ -230,8 +234,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
 
  private:
-  ThreadDevice(const Executor& ex, ibv_context* verbs, bool busy_poll)
-      : ex_(ex), verbs_(verbs), fd_(ex), busy_poll_(busy_poll) {}
+  ThreadDevice(const Executor& ex, ibv_context* verbs, const Options& options)
+      : ex_(ex),
+        verbs_(verbs),
+        fd_(ex),
+        busy_poll_(options.busy_poll),
+        spin_window_(std::chrono::microseconds(std::max(0, options.poll_spin_us))) {}
 
   std::string Init() {
     ibv_device_attr attr{};
@@ -284,9 +292,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     return true;
   }
 
+  // Starts the thread's polling: a busy-poll loop, or a wait on the completion channel.
   void Arm() {
-    std::weak_ptr<ThreadDevice> weak = shared_from_this();
     if (busy_poll_) {
+      std::weak_ptr<ThreadDevice> weak = shared_from_this();
       asio::post(ex_, [weak] {
         if (auto self = weak.lock()) {
           for (auto& slot : self->cqs_) self->Poll(slot->cq.get());
@@ -295,31 +304,90 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
       });
       return;
     }
+    Sleep();
+  }
+
+  // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
+  void Sleep() {
+    std::weak_ptr<ThreadDevice> weak = shared_from_this();
     fd_.async_wait(asio::posix::stream_descriptor::wait_read,
                    [weak](boost::system::error_code ec) {
                      if (ec) return;
                      auto self = weak.lock();
                      if (!self) return;
-                     ibv_cq* cq;
-                     void* ctx;
-                     while (ibv_get_cq_event(self->channel_.get(), &cq, &ctx) == 0) {
-                       for (auto& slot : self->cqs_) {
-                         if (slot->cq.get() != cq) continue;
-                         slot->evented = true;
-                         // Acknowledge in batches: each ack takes a mutex inside libibverbs.
-                         if (++slot->unacked >= 64) {
-                           ibv_ack_cq_events(cq, slot->unacked);
-                           slot->unacked = 0;
-                         }
-                       }
-                     }
-                     for (auto& slot : self->cqs_) {
-                       if (!slot->evented) continue;
-                       // Re-arm before polling, so a completion landing in between raises an event.
-                       ibv_req_notify_cq(slot->cq.get(), 0);
-                     }
+                     self->TakeEventsAndRearm();
                      self->DrainEvented();
                    });
+  }
+
+  // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
+  // they are polled, so that a completion landing in between raises a new event. Marks them.
+  // Returns whether there was any.
+  bool TakeEventsAndRearm() {
+    bool any = false;
+    ibv_cq* cq;
+    void* ctx;
+    while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+      any = true;
+      for (auto& slot : cqs_) {
+        if (slot->cq.get() != cq) continue;
+        slot->evented = true;
+        // Acknowledge in batches: each ack takes a mutex inside libibverbs.
+        if (++slot->unacked >= 64) {
+          ibv_ack_cq_events(cq, slot->unacked);
+          slot->unacked = 0;
+        }
+      }
+    }
+    for (auto& slot : cqs_) {
+      if (slot->evented) ibv_req_notify_cq(slot->cq.get(), 0);
+    }
+    return any;
+  }
+
+  // Adaptive polling. Once the CQs are drained, the thread keeps polling them from posted
+  // handlers (so its other work runs in between) for spin_window_ after the last completion,
+  // and only then goes back to sleeping on the channel: a request-reply exchange whose answer
+  // comes within the window costs no wake-up (an event, an epoll return and a re-arm on each
+  // side, the bulk of a small call's latency in events mode), while an idle thread sleeps.
+  // CQs stay armed while spinning, so each raises at most one event meanwhile; those are taken
+  // when the window closes.
+  void StartSpin() {
+    spin_until_ = std::chrono::steady_clock::now() + spin_window_;
+    PostSpin();
+  }
+  void PostSpin() {
+    std::weak_ptr<ThreadDevice> weak = shared_from_this();
+    asio::post(ex_, [weak] {
+      if (auto self = weak.lock()) self->Spin();
+    });
+  }
+  void Spin() {
+    uint32_t taken = 0;
+    for (auto& slot : cqs_) taken += Poll(slot->cq.get());
+    auto now = std::chrono::steady_clock::now();
+    if (taken) spin_until_ = now + spin_window_;
+    if (now < spin_until_) {
+      // Found nothing: let any other runnable thread on this CPU go first. When threads
+      // outnumber cores, the one that will produce the awaited completion (the peer in the same
+      // process or machine) may be waiting for this very CPU; spinning through a time slice
+      // cost milliseconds per message in a 2-vCPU guest.
+      if (!taken) sched_yield();
+      PostSpin();
+      return;
+    }
+    // The window closed: re-arm what raised events while spinning, then poll once more, so
+    // that nothing that completed before the arming is left waiting for an event.
+    TakeEventsAndRearm();
+    for (auto& slot : cqs_) slot->evented = false;
+    taken = 0;
+    for (auto& slot : cqs_) taken += Poll(slot->cq.get());
+    if (taken) {
+      spin_until_ = now + spin_window_;
+      PostSpin();
+      return;
+    }
+    Sleep();
   }
 
   // Polls the CQs that had an event. A CQ that still has completions after its budget stays
@@ -330,11 +398,15 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     bool more = false;
     for (auto& slot : cqs_) {
       if (!slot->evented) continue;
-      slot->evented = Poll(slot->cq.get());
+      slot->evented = Poll(slot->cq.get()) >= kPollBudget;
       more = more || slot->evented;
     }
     if (!more) {
-      Arm();
+      if (spin_window_.count() > 0) {
+        StartSpin();
+      } else {
+        Sleep();
+      }
       return;
     }
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
@@ -343,8 +415,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     });
   }
 
-  // Takes up to kPollBudget completions from `cq`; true when it stopped with some possibly left.
-  bool Poll(ibv_cq* cq);
+  // Takes up to kPollBudget completions from `cq` and returns how many: kPollBudget means some
+  // may be left.
+  uint32_t Poll(ibv_cq* cq);
 
   Executor ex_;
   ibv_context* verbs_;
@@ -363,6 +436,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   bool mw_type2_ = false;
   asio::posix::stream_descriptor fd_;
   bool busy_poll_;
+  std::chrono::nanoseconds spin_window_;
+  std::chrono::steady_clock::time_point spin_until_{};
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> by_qp_;
 };
 
@@ -404,7 +479,7 @@ class RdmaConnection final : public Connection,
   // and posts the receives.
   std::string Setup() {
     if (id_->verbs == nullptr) return "the CM id is not bound to an RDMA device";
-    auto dev = ThreadDevice::For(executor_, id_->verbs, options_.busy_poll);
+    auto dev = ThreadDevice::For(executor_, id_->verbs, options_);
     if (!dev.ok()) return dev.error().message;
     dev_ = dev.value();
     recv_buf_ = AllocAligned(kRingBytes);
@@ -881,11 +956,12 @@ class RdmaConnection final : public Connection,
   std::vector<ibv_wc> early_;  // completions that arrived before Start
 };
 
-bool ThreadDevice::Poll(ibv_cq* cq) {
+uint32_t ThreadDevice::Poll(ibv_cq* cq) {
   ibv_wc wcs[32];
-  for (uint32_t taken = 0; taken < kPollBudget;) {
+  uint32_t taken = 0;
+  while (taken < kPollBudget) {
     int n = ibv_poll_cq(cq, 32, wcs);
-    if (n <= 0) return false;
+    if (n <= 0) break;
     taken += static_cast<uint32_t>(n);
     uint32_t receives = 0;
     for (int i = 0; i < n; ++i) {
@@ -899,7 +975,7 @@ bool ThreadDevice::Poll(ibv_cq* cq) {
       spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
     }
   }
-  return true;
+  return taken;
 }
 
 // Keeps each io_context's ThreadDevices inside that io_context, as an Asio service: they live and
@@ -923,11 +999,11 @@ class DeviceService final : public asio::execution_context::service {
 };
 
 Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ibv_context* verbs,
-                                                          bool busy_poll) {
+                                                          const Options& options) {
   auto& service = asio::use_service<DeviceService>(asio::query(ex, asio::execution::context));
   auto& slot = service.devices_[verbs];
   if (auto d = slot.lock()) return d;
-  auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, busy_poll));
+  auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, options));
   std::string err = d->Init();
   if (!err.empty()) return Error{err};
   slot = d;
