@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -39,15 +40,20 @@ class ServerContext {
   using Clock = std::chrono::steady_clock;
 
   ServerContext() = default;
-  ServerContext(std::string peer, std::string_view method, Clock::time_point deadline,
-                Metadata metadata)
+  // `peer` is shared with the connection: one string per connection, not a copy per call.
+  ServerContext(std::shared_ptr<const std::string> peer, std::string_view method,
+                Clock::time_point deadline, Metadata metadata)
       : peer_(std::move(peer)),
         method_(method),
         deadline_(deadline),
         metadata_(std::move(metadata)) {}
+  ServerContext(std::string peer, std::string_view method, Clock::time_point deadline,
+                Metadata metadata)
+      : ServerContext(std::make_shared<const std::string>(std::move(peer)), method, deadline,
+                      std::move(metadata)) {}
 
   // The caller's address, e.g. "tcp://127.0.0.1:50123".
-  const std::string& peer() const { return peer_; }
+  const std::string& peer() const { return peer_ ? *peer_ : EmptyPeer(); }
   // The full method name, e.g. "/demo.Echo/Say".
   std::string_view method() const { return method_; }
   bool has_deadline() const { return deadline_ != Clock::time_point::max(); }
@@ -73,7 +79,12 @@ class ServerContext {
   }
 
  private:
-  std::string peer_;
+  static const std::string& EmptyPeer() {
+    static const std::string empty;
+    return empty;
+  }
+
+  std::shared_ptr<const std::string> peer_;
   std::string_view method_;  // points at the generated method table (static storage)
   Clock::time_point deadline_ = Clock::time_point::max();
   Metadata metadata_;

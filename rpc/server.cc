@@ -100,6 +100,7 @@ class ServerConnection final : public transport::ConnectionHandler,
         conn_(std::move(conn)),
         executor_(conn_->executor()),
         peer_(conn_->peer()),
+        shared_peer_(std::make_shared<const std::string>(peer_)),
         keepalive_(executor_),
         idle_timer_(executor_) {}
 
@@ -405,7 +406,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     entry->handler->Start(
         *it->second.first,
         ServerCall(shared_from_this(), f.header.call_id, bytes,
-                   ServerContext(peer_, entry->info.full_name, deadline, std::move(md))),
+                   ServerContext(shared_peer_, entry->info.full_name, deadline, std::move(md))),
         f.payload);
   }
 
@@ -414,6 +415,7 @@ class ServerConnection final : public transport::ConnectionHandler,
   std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
   std::string peer_;
+  std::shared_ptr<const std::string> shared_peer_;  // the same, handed to each call's context
   Keepalive keepalive_;
   asio::steady_timer idle_timer_;
   uint64_t pings_ = 0;

@@ -88,7 +88,8 @@ class ServerCall {
   ServerCall(ServerCall&&) = default;
   ServerCall& operator=(ServerCall&&) = delete;
   ~ServerCall() {
-    Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
+    // Moved-from and finished calls have no sink: no Status (and its string) to build for them.
+    if (sink_) Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
   }
 
   ServerContext& context() { return context_; }
