@@ -204,6 +204,32 @@ TEST_CASE("call metadata reaches the handler", "[rpc]") {
   CHECK(r->meta() == std::string("v"));
 }
 
+TEST_CASE("a handler sees the caller's address, the same on every call of a connection",
+          "[rpc][context]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  std::vector<std::string> peers;
+  for (int c = 0; c < 2; ++c) {
+    auto ch = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(ch.ok());
+    TestService::BlockingStub stub(*ch);
+    for (int i = 0; i < 3; ++i) {
+      auto r = stub.Echo(EchoRequest(), {.metadata = {{"echo-peer", "1"}}});
+      REQUIRE(r.ok());
+      peers.push_back(r->meta());
+    }
+  }
+  const std::string scheme = listen.substr(0, listen.find("://") + 3);
+  for (const auto& p : peers) {
+    CHECK(p.rfind(scheme, 0) == 0);
+    CHECK(p.size() > scheme.size() + 2);
+  }
+  CHECK(peers[0] == peers[1]);
+  CHECK(peers[1] == peers[2]);
+  CHECK(peers[3] == peers[5]);
+  CHECK(peers[0] != peers[3]);  // another connection, another port
+}
+
 TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel keeps working",
           "[rpc][limits]") {
   auto listen = GENERATE(from_range(ListenUris()));

@@ -48,6 +48,7 @@ class TestServiceImpl final : public TestService::Service {
     reply.set_payload(req.payload());
     reply.set_seq(req.seq());
     if (const std::string* m = ctx.FindMetadata("echo-meta")) reply.set_meta(*m);
+    if (ctx.FindMetadata("echo-peer")) reply.set_meta(ctx.peer());
     reply.set_budget_ms(
         ctx.has_deadline()
             ? std::chrono::duration_cast<std::chrono::milliseconds>(ctx.remaining()).count()
