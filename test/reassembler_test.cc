@@ -51,8 +51,26 @@ TEST_CASE("a length prefix alone allocates nothing; the buffer grows with what a
   CHECK(r.capacity() <= 2u << 20);  // about what arrived, not what was announced
   CHECK(Feed(r, std::string((64u << 20) - (1 << 20), 'x')) == 1);
   CHECK(r.capacity() <= 4 + (64u << 20));
-  // And it shrinks back once the large message is gone.
-  CHECK(Feed(r, Message(10)) == 1);
+  // And it shrinks back once only small messages come for a while.
+  for (int i = 0; i < StreamReassembler::kQuietSettles; ++i) CHECK(Feed(r, Message(10)) == 1);
+  CHECK(r.capacity() == kInitial);
+}
+
+TEST_CASE("back-to-back large messages reuse the grown buffer instead of regrowing it",
+          "[reassembler]") {
+  StreamReassembler r(kInitial, kMaxMessage);
+  const std::string big = Message(1 << 20);
+  CHECK(Feed(r, big) == 1);
+  const size_t grown = r.reallocations();
+  CHECK(grown > 0);
+  CHECK(r.capacity() >= big.size());
+  // In reads of 64 KiB, as a socket would deliver them, with a small message in between.
+  for (int i = 0; i < 20; ++i) {
+    for (size_t at = 0; at < big.size(); at += 65536) CHECK(Feed(r, big.substr(at, 65536)) == (at + 65536 >= big.size() ? 1u : 0u));
+    CHECK(Feed(r, Message(100)) == 1);
+  }
+  CHECK(r.reallocations() == grown);  // it used to shrink and regrow (copying) for every one
+  for (int i = 0; i < StreamReassembler::kQuietSettles; ++i) CHECK(Feed(r, Message(10)) == 1);
   CHECK(r.capacity() == kInitial);
 }
 
