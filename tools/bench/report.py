@@ -94,12 +94,25 @@ def main():
     w("")
     w("## Targets")
     w("")
+    w("The targets of issue 12 (the RDMA fast path) that this script measures. Not measured here "
+      "yet: instructions per call over rdma:// (callgrind in the guest), 10,000 RDMA connections "
+      "and 64 KiB pinned per idle one, gRPC C++ on TCP.")
+    w("")
     w("| target | reached | met |")
     w("| --- | --- | --- |")
+    ir_t = {r["side"]: r["ir_per_call"] for r in cpu}
+    for side in ("client", "server"):
+        if side in ir_t:
+            w(f"| CPU: 64 B echo over TCP, at most 2,500 instructions per call on the {side} | "
+              f"{ir_t[side]:,} | {'yes' if ir_t[side] <= 2500 else 'no'} |")
     t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
     if t64:
         q = t64["rdmarpc"]["p50_us"] / t64["raw"]["p50_us"]
-        w(f"| TCP: 64 B round trip within 1.3x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 1.3 else 'no'} |")
+        w(f"| TCP: 64 B round trip within 1.15x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 1.15 else 'no'} |")
+    t1m = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 1048576 and r["depth"] == 1), None)
+    if t1m:
+        q = t1m["rdmarpc"]["p50_us"] / t1m["raw"]["p50_us"]
+        w(f"| TCP: 1 MiB round trip within 2x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 2 else 'no'} |")
     wl = perf.get(("ib_write_lat", 64))
     bp = ours.get(("busy-poll", 64))
     if wl and bp:
@@ -114,7 +127,11 @@ def main():
         w(f"| RDMA (VM), default settings: idle server under 1% of a core | {c:.2f}% | {'yes' if c < 1 else 'no'} |")
     if bw and thr:
         best = max(r["mb_per_s"] for r in thr.values()) / bw["mb_per_s"]
-        w(f"| RDMA (VM): large-payload throughput at least 80% of ib_write_bw | {100 * best:.1f}% | {'yes' if best >= 0.8 else 'no'} |")
+        w(f"| RDMA (VM): 1 MiB one way at least 90% of ib_write_bw (best polling mode; the payload is still staged through the ring) | {100 * best:.1f}% | {'yes' if best >= 0.9 else 'no'} |")
+    wl4, bp4 = perf.get(("ib_write_lat", 4096)), ours.get(("busy-poll", 4096))
+    if wl4 and bp4:
+        q = bp4["p50_us"] / (2 * wl4["half_rtt_typical_us"])
+        w(f"| RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat | {q:.2f}x | {'yes' if q <= 1.2 else 'no'} |")
     w("")
     w("Where short, why (from the profiles below and the design):")
     w("")
@@ -137,9 +154,10 @@ def main():
       "a reply that comes back within the window costs no wake-up while an idle server costs "
       "nothing. Past the window (large payloads under emulation) it pays the wake-up like events "
       "mode.")
-    w("- TCP 1 MiB: rdmarpc copies the payload into the protobuf message and the frame on each "
-      "side and grows its read buffer as the message arrives; the raw ping-pong reads straight "
-      "into one fixed buffer. Large-message TCP throughput is not a target here.")
+    w("- TCP 1 MiB: rdmarpc still copies the payload into the protobuf message and into the "
+      "frame on each side; the raw ping-pong reads straight into one fixed buffer. The read "
+      "buffer that grows for a large message is now kept while large messages keep coming (it "
+      "used to shrink after each and regrow, one more copy per message).")
     w("")
 
     # --- RDMA -----------------------------------------------------------------------------
