@@ -47,7 +47,7 @@ constexpr char kUsage[] =
     "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
-    "                     [--json] [--quiet]\n"
+    "                     [--connect-timeout-ms MS] [--json] [--quiet]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "\n"
     "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
@@ -73,6 +73,8 @@ constexpr char kUsage[] =
     "                       report (e.g. to measure an idle server's CPU)\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
+    "  --connect-timeout-ms MS  give up connecting after MS (default 5000; e.g. more under\n"
+    "                       valgrind)\n"
     "  --json               one JSON object on stdout instead of text\n"
     "  --quiet              no progress lines\n"
     "Exit codes: 0 done, 1 calls failed or could not connect, 2 bad arguments.\n";
@@ -442,6 +444,7 @@ int main(int argc, char** argv) {
                                   {"threads", true},
                                   {"busy-poll", false},
                                   {"poll-spin-us", true},
+                                  {"connect-timeout-ms", true},
                                   {"idle-connections", true},
                                   {"hold", true},
                                   {"json", false},
@@ -468,6 +471,8 @@ int main(int argc, char** argv) {
   if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
   cfg.options.transport.poll_spin_us = static_cast<int>(
       flags.get_int("poll-spin-us", cfg.options.transport.poll_spin_us, 0, 10'000'000));
+  cfg.options.transport.connect_timeout_ms = static_cast<int>(flags.get_int(
+      "connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
   const long hold_s = flags.get_int("hold", 0, 0, 86400);
   std::string bad = flags.error();
