@@ -6,6 +6,7 @@
 #include <random>
 
 #include "transport/rdma/ring.h"
+#include "transport/rdma/start_gate.h"
 
 using namespace rdmarpc::transport::rdma;
 
@@ -102,4 +103,34 @@ TEST_CASE("credits are returned only past the threshold", "[ring]") {
   for (int i = 1; i < 16; ++i) REQUIRE(r.Accept(i * 64, 64).empty());
   CHECK(r.TakeCredits(1024) == 1024);
   CHECK(r.unreported() == 0);
+}
+
+TEST_CASE("completions polled around a connection's start are processed in ring order",
+          "[ring][start]") {
+  // The connection's sequence (issue 11, item 11): records 1 and 2 complete before Start; Start
+  // posts their replay; records 3 and 4 are polled before the replay runs (busy-poll, or a
+  // server that sends SETTINGS and GOAWAY back to back); then 5 after it.
+  StartGate<int> gate;
+  std::vector<int> processed;
+  auto arrive = [&](int record) {
+    if (gate.Pass(record)) processed.push_back(record);
+  };
+  arrive(1);
+  arrive(2);
+  CHECK(processed.empty());
+  REQUIRE(gate.Start());  // a replay is due
+  arrive(3);              // polled before the replay ran: must wait behind 1 and 2
+  arrive(4);
+  CHECK(processed.empty());
+  for (int r : gate.TakeHeld()) processed.push_back(r);  // the posted replay
+  arrive(5);
+  CHECK(processed == std::vector<int>{1, 2, 3, 4, 5});
+  CHECK(gate.held() == 0);
+}
+
+TEST_CASE("a connection started with nothing held processes completions at once", "[ring][start]") {
+  StartGate<int> gate;
+  CHECK_FALSE(gate.Start());
+  CHECK(gate.Pass(1));
+  CHECK(gate.held() == 0);
 }

@@ -34,6 +34,7 @@
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
 #include "transport/rdma/ring.h"
+#include "transport/rdma/start_gate.h"
 #include "transport/rdma/verbs.h"
 
 namespace rdmarpc::transport::rdma {
@@ -615,13 +616,11 @@ class RdmaConnection final : public Connection,
       asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
       return;
     }
-    if (!early_.empty()) {
-      // Completions polled before this replay runs are appended to early_ (see OnCompletion), so
+    if (early_.Start()) {
+      // Completions polled before this replay runs queue behind the held ones (StartGate), so
       // that records are processed in ring order.
       asio::post(executor_, [self = shared_from_this()] {
-        auto early = std::move(self->early_);
-        self->early_.clear();
-        for (const ibv_wc& wc : early) self->Process(wc);
+        for (const ibv_wc& wc : self->early_.TakeHeld()) self->Process(wc);
       });
     }
   }
@@ -681,14 +680,8 @@ class RdmaConnection final : public Connection,
   // --- completions -----------------------------------------------------------------------------
   void OnCompletion(const ibv_wc& wc) {
     if (handler_.closed()) return;  // flushed work requests after a close
-    if (!handler_.get() || !early_.empty()) {
-      // The peer may send as soon as it sees ESTABLISHED, before this side has seen it and been
-      // started: keep those completions (their records stay in the ring) until Start, and
-      // queue behind them whatever is polled before Start's replay of them has run.
-      early_.push_back(wc);
-      return;
-    }
-    Process(wc);
+    // Held (their records stay in the ring) until Start and its replay: see StartGate.
+    if (early_.Pass(wc)) Process(wc);
   }
 
   void Process(const ibv_wc& wc) {
@@ -953,7 +946,7 @@ class RdmaConnection final : public Connection,
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
   HandlerSlot handler_;
-  std::vector<ibv_wc> early_;  // completions that arrived before Start
+  StartGate<ibv_wc> early_;  // completions that arrived before Start (and its replay)
 };
 
 uint32_t ThreadDevice::Poll(ibv_cq* cq) {
