@@ -99,8 +99,7 @@ class ServerConnection final : public transport::ConnectionHandler,
         thread_(thread),
         conn_(std::move(conn)),
         executor_(conn_->executor()),
-        peer_(conn_->peer()),
-        shared_peer_(std::make_shared<const std::string>(peer_)),
+        peer_(std::make_shared<const std::string>(conn_->peer())),
         keepalive_(executor_),
         idle_timer_(executor_) {}
 
@@ -116,7 +115,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     const int64_t open = core_->connections.fetch_add(1) + 1;  // this one included
     if (max > 0 && open > max) {
       core_->connections.fetch_sub(1);
-      spdlog::warn("server: turning {} away: at the limit of {} connections", peer_, max);
+      spdlog::warn("server: turning {} away: at the limit of {} connections", *peer_, max);
       SendGoAway(Status(StatusCode::kResourceExhausted,
                         "server is at its limit of " + std::to_string(max) + " connections"));
       conn_->PauseReceiving();
@@ -147,7 +146,7 @@ class ServerConnection final : public transport::ConnectionHandler,
         [weak](std::string why) {
           auto self = weak.lock();
           if (!self) return;
-          spdlog::warn("server: client {} is silent ({}); closing its connection", self->peer_,
+          spdlog::warn("server: client {} is silent ({}); closing its connection", *self->peer_,
                        why);
           self->Close();
         });
@@ -182,7 +181,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       // The stream can no longer be trusted: read nothing more from it, but let the calls that
       // arrived before the bad frame finish and deliver their replies, then close. Everyone
       // else is served as before.
-      spdlog::warn("server: malformed frame from {}: {}; closing that connection", peer_, err);
+      spdlog::warn("server: malformed frame from {}: {}; closing that connection", *peer_, err);
       Break(Status(StatusCode::kInvalidArgument, "malformed frame: " + err));
       return;
     }
@@ -208,7 +207,7 @@ class ServerConnection final : public transport::ConnectionHandler,
   void OnSendProgress() override { Throttle(); }
 
   void OnClose(const transport::Error& reason) override {
-    spdlog::debug("server: connection from {} closed: {}", peer_, reason.message);
+    spdlog::debug("server: connection from {} closed: {}", *peer_, reason.message);
     keepalive_.Stop();
     idle_timer_.cancel();
     conn_.reset();
@@ -295,7 +294,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     if (!paused_ && used > budget) {
       paused_ = true;
       ++core_->throttled;
-      spdlog::debug("server: {} holds {} bytes (budget {}): not reading from it", peer_, used,
+      spdlog::debug("server: {} holds {} bytes (budget {}): not reading from it", *peer_, used,
                     budget);
       conn_->PauseReceiving();
     } else if (paused_ && used <= budget / 2) {
@@ -340,7 +339,7 @@ class ServerConnection final : public transport::ConnectionHandler,
         Close();
         return;
       }
-      spdlog::debug("server: {} idle for {} ms; sending GOAWAY", peer_,
+      spdlog::debug("server: {} idle for {} ms; sending GOAWAY", *peer_,
                     core_->options.idle_timeout.count());
       idle_goaway_ = true;
       SendGoAway(Status(StatusCode::kUnavailable,
@@ -406,7 +405,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     entry->handler->Start(
         *it->second.first,
         ServerCall(shared_from_this(), f.header.call_id, bytes,
-                   ServerContext(shared_peer_, entry->info.full_name, deadline, std::move(md))),
+                   ServerContext(peer_, entry->info.full_name, deadline, std::move(md))),
         f.payload);
   }
 
@@ -414,8 +413,8 @@ class ServerConnection final : public transport::ConnectionHandler,
   IoThread* thread_;
   std::shared_ptr<transport::Connection> conn_;
   transport::Executor executor_;
-  std::string peer_;
-  std::shared_ptr<const std::string> shared_peer_;  // the same, handed to each call's context
+  // Shared with each call's ServerContext: one string per connection, not a copy per call.
+  std::shared_ptr<const std::string> peer_;
   Keepalive keepalive_;
   asio::steady_timer idle_timer_;
   uint64_t pings_ = 0;

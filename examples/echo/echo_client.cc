@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "examples/common/flags.h"
+#include "examples/common/polling_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/rdmarpc.h"
 
@@ -135,11 +136,12 @@ boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
 int main(int argc, char** argv) {
   rdmarpc::examples::Flags flags(
       argc, argv,
-      {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
-       {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
-       {"quiet", false}, {"busy-poll", false}, {"poll-spin-us", true}, {"log-level", true}, {"auth-secret-file", true},
-       {"keepalive-ms", true}, {"keepalive-timeout-ms", true}, {"stop-on-error", false},
-       {"help", false}});
+      rdmarpc::examples::WithPollingFlags(
+          {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
+           {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
+           {"quiet", false}, {"log-level", true}, {"auth-secret-file", true},
+           {"keepalive-ms", true}, {"keepalive-timeout-ms", true}, {"stop-on-error", false},
+           {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -158,9 +160,7 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(flags.get_int("keepalive-ms", 0, 0, 86400000));
   cfg.options.keepalive_timeout =
       std::chrono::milliseconds(flags.get_int("keepalive-timeout-ms", 5000, 1, 86400000));
-  if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
-  cfg.options.transport.poll_spin_us = static_cast<int>(
-      flags.get_int("poll-spin-us", cfg.options.transport.poll_spin_us, 0, 10'000'000));
+  rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {
     std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "examples/common/flags.h"
+#include "examples/common/polling_flags.h"
 #include "examples/common/server_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/rdmarpc.h"
@@ -58,8 +59,9 @@ class EchoService final : public demo::Echo::Service {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags({{"listen", true}, {"threads", true}, {"log-level", true}, {"busy-poll", false},
-                                  {"poll-spin-us", true}, {"auth-secret-file", true}, {"help", false}}));
+  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags(rdmarpc::examples::WithPollingFlags(
+                                  {{"listen", true}, {"threads", true}, {"log-level", true},
+                                   {"auth-secret-file", true}, {"help", false}})));
   if (flags.has("help")) {
     std::cout << Usage();
     return 0;
@@ -68,8 +70,7 @@ int main(int argc, char** argv) {
   const std::string secret = flags.auth_secret();
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
   rdmarpc::examples::ApplyServerFlags(flags, options);
-  options.transport.poll_spin_us = static_cast<int>(
-      flags.get_int("poll-spin-us", options.transport.poll_spin_us, 0, 10'000'000));
+  rdmarpc::examples::ApplyPollingFlags(flags, options.transport);
   if (!flags.error().empty()) {
     std::cerr << "echo_server: " << flags.error() << "\n(see echo_server --help)\n";
     return 2;
@@ -83,7 +84,6 @@ int main(int argc, char** argv) {
 
   EchoService service;
   rdmarpc::examples::RaiseFileLimit();
-  if (flags.has("busy-poll")) options.transport.busy_poll = true;
   options.transport.auth_secret = secret;
   rdmarpc::Server server(options);
   if (auto s = server.AddService(service); !s.ok()) {

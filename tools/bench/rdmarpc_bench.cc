@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "examples/common/flags.h"
+#include "examples/common/polling_flags.h"
 #include "rpc/logging.h"
 #include "rpc/rdmarpc.h"
 #include "tools/bench/bench.rdmarpc.pb.h"
@@ -114,9 +115,7 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
 int RunServer(rdmarpc::examples::Flags& flags, long threads) {
   BenchService service;
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  if (flags.has("busy-poll")) options.transport.busy_poll = true;
-  options.transport.poll_spin_us = static_cast<int>(
-      flags.get_int("poll-spin-us", options.transport.poll_spin_us, 0, 10'000'000));
+  rdmarpc::examples::ApplyPollingFlags(flags, options.transport);
   if (!flags.error().empty()) {
     std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
     return 2;
@@ -430,8 +429,8 @@ int RunClient(const ClientConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"server", false},
+  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithPollingFlags({
+                                  {"server", false},
                                   {"listen", true},
                                   {"target", true},
                                   {"connections", true},
@@ -442,15 +441,13 @@ int main(int argc, char** argv) {
                                   {"calls", true},
                                   {"warmup", true},
                                   {"threads", true},
-                                  {"busy-poll", false},
-                                  {"poll-spin-us", true},
                                   {"connect-timeout-ms", true},
                                   {"idle-connections", true},
                                   {"hold", true},
                                   {"json", false},
                                   {"quiet", false}, {"verify", false},
                                   {"log-level", true},
-                                  {"help", false}});
+                                  {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -468,9 +465,7 @@ int main(int argc, char** argv) {
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
-  if (flags.has("busy-poll")) cfg.options.transport.busy_poll = true;
-  cfg.options.transport.poll_spin_us = static_cast<int>(
-      flags.get_int("poll-spin-us", cfg.options.transport.poll_spin_us, 0, 10'000'000));
+  rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.connect_timeout_ms = static_cast<int>(flags.get_int(
       "connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);

@@ -299,7 +299,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
       std::weak_ptr<ThreadDevice> weak = shared_from_this();
       asio::post(ex_, [weak] {
         if (auto self = weak.lock()) {
-          for (auto& slot : self->cqs_) self->Poll(slot->cq.get());
+          self->PollAll();
           self->Arm();
         }
       });
@@ -323,13 +323,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
   // they are polled, so that a completion landing in between raises a new event. Marks them.
-  // Returns whether there was any.
-  bool TakeEventsAndRearm() {
-    bool any = false;
+  void TakeEventsAndRearm() {
     ibv_cq* cq;
     void* ctx;
     while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
-      any = true;
       for (auto& slot : cqs_) {
         if (slot->cq.get() != cq) continue;
         slot->evented = true;
@@ -343,7 +340,6 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     for (auto& slot : cqs_) {
       if (slot->evented) ibv_req_notify_cq(slot->cq.get(), 0);
     }
-    return any;
   }
 
   // Adaptive polling. Once the CQs are drained, the thread keeps polling them from posted
@@ -364,8 +360,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     });
   }
   void Spin() {
-    uint32_t taken = 0;
-    for (auto& slot : cqs_) taken += Poll(slot->cq.get());
+    uint32_t taken = PollAll();
     auto now = std::chrono::steady_clock::now();
     if (taken) spin_until_ = now + spin_window_;
     if (now < spin_until_) {
@@ -381,9 +376,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     // that nothing that completed before the arming is left waiting for an event.
     TakeEventsAndRearm();
     for (auto& slot : cqs_) slot->evented = false;
-    taken = 0;
-    for (auto& slot : cqs_) taken += Poll(slot->cq.get());
-    if (taken) {
+    if (PollAll()) {
       spin_until_ = now + spin_window_;
       PostSpin();
       return;
@@ -419,6 +412,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Takes up to kPollBudget completions from `cq` and returns how many: kPollBudget means some
   // may be left.
   uint32_t Poll(ibv_cq* cq);
+  // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
+  uint32_t PollAll() {
+    uint32_t taken = 0;
+    for (auto& slot : cqs_) taken += Poll(slot->cq.get());
+    return taken;
+  }
 
   Executor ex_;
   ibv_context* verbs_;

@@ -35,7 +35,6 @@ class StartGate {
   // afterwards Pass lets items through again.
   std::vector<T> TakeHeld() { return std::exchange(held_, {}); }
 
-  bool started() const { return started_; }
   size_t held() const { return held_.size(); }
 
  private:
