@@ -71,6 +71,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
         reader_(kInitialReadBufferBytes, options.max_message_bytes) {
     boost::system::error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);
+    // Flush writes synchronously when the kernel takes everything at once; the socket must not
+    // block when it does not.
+    socket_.non_blocking(true, ec);
     auto remote = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
   }
@@ -126,9 +129,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   }
 
   // What the send side holds, buffer slack included (vectors grow by doubling): the figure a
-  // server's memory budget is about.
+  // server's memory budget is about. An empty queue counts nothing: the capacity it keeps for
+  // the next batch (at most kShrinkAboveBytes) is not the peer's doing, and counting it would
+  // keep a paused receiver paused after everything has been written.
   size_t queued_send_bytes() const override {
-    return pending_.capacity() + (writing_ ? inflight_.capacity() : 0);
+    return (pending_.empty() ? 0 : pending_.capacity()) + (writing_ ? inflight_.capacity() : 0);
   }
 
   void PauseReceiving() override { paused_ = true; }
@@ -156,9 +161,29 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
 
   void Flush() {
     if (handler_.closed() || writing_ || pending_.empty()) return;
+    // First a plain non-blocking write: the kernel usually takes the whole batch, and then no
+    // asynchronous operation is needed (no reactor registration, no completion handler, no extra
+    // event-loop turn: about a third of the event loop's work per call). What it does not take
+    // is written asynchronously.
+    boost::system::error_code ec;
+    size_t n = socket_.write_some(asio::buffer(pending_), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      n = 0;
+      ec = {};
+    }
+    if (ec) {
+      CloseWith("write failed: " + ec.message());
+      return;
+    }
+    if (n == pending_.size()) {
+      pending_.clear();
+      if (pending_.capacity() > kShrinkAboveBytes) pending_ = {};
+      AfterWrite();
+      return;
+    }
     writing_ = true;
     std::swap(pending_, inflight_);
-    asio::async_write(socket_, asio::buffer(inflight_),
+    asio::async_write(socket_, asio::buffer(inflight_) + n,
                       [self = shared_from_this()](boost::system::error_code ec, size_t) {
                         self->OnWritten(ec);
                       });
@@ -172,12 +197,18 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
     inflight_.clear();
     if (inflight_.capacity() > kShrinkAboveBytes) inflight_ = {};
+    if (AfterWrite()) Flush();
+  }
+
+  // After everything handed to the kernel so far is written: closes a closing connection whose
+  // queue is empty, tells a paused receiver that the send queue shrank. False once closed.
+  bool AfterWrite() {
     if (closing_ && pending_.empty()) {
       CloseWith("closed locally");
-      return;
+      return false;
     }
     if (paused_ && handler_.get() && !closing_) handler_.get()->OnSendProgress();
-    Flush();
+    return true;
   }
 
   void ReadMore() {
