@@ -2,7 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/append.hpp>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
@@ -110,8 +114,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       }
       if (state_ == State::kIdle) StartOnDemandConnect();
       EnqueueWaiter(&slot);
-      slot.timer.expires_at(deadline);
-      co_await slot.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await Suspend(index, deadline);
       const bool woken = !slot.queued;
       if (!woken) RemoveWaiter(&slot);
       Status gave_up = GaveUp(deadline, options, woken);
@@ -153,8 +156,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     slot.sent = true;
     ++in_flight_;
-    slot.timer.expires_at(deadline);
-    co_await slot.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await Suspend(index, deadline);
     Status status;
     if (slot.done) {
       status = std::move(slot.status);
@@ -250,6 +252,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     Close();
     keepalive_.Stop();
     handshake_timer_.cancel();
+    deadline_timer_.cancel();
+    deadline_armed_ = Clock::time_point::max();
     FailSent("channel destroyed");
     if (conn_) conn_.reset();
   }
@@ -261,8 +265,10 @@ class ChannelCore final : public transport::ConnectionHandler,
   using Clock = std::chrono::steady_clock;
 
   struct Slot {
-    explicit Slot(const transport::Executor& ex) : timer(ex) {}
-    asio::steady_timer timer;  // waits for room or for the deadline; cancelled to wake the caller
+    // The caller, suspended in Suspend() until Resume(): woken (room, reply, connection lost),
+    // its deadline passed, or it cancelled. Empty while the caller runs.
+    asio::any_completion_handler<void()> resume;
+    Clock::time_point deadline = Clock::time_point::max();  // while suspended
     google::protobuf::MessageLite* reply = nullptr;
     Status status;
     Slot* prev = nullptr;  // in waiting_, while queued
@@ -405,11 +411,81 @@ class ChannelCore final : public transport::ConnectionHandler,
           state_ == State::kShutdown || (!s->wait_for_ready && !ConnectionComing());
       if (may_go || must_fail) {
         RemoveWaiter(s);
-        s->timer.cancel();
+        Resume(*s);
         if (may_go) --room;
       }
       s = next;
     }
+  }
+
+  // Suspends the caller of slot `index` until Resume(): cheaper than a timer per call (no reactor
+  // lock, no timer-queue insert and removal). Deadlines are kept by one timer per channel, armed
+  // for the earliest one only: a call whose deadline is not the earliest costs no timer
+  // operation at all. The caller's cancellation (a cancellation slot bound to the call) resumes
+  // it too. What woke it is for the caller to find out (slot state, the clock, its
+  // cancellation state).
+  asio::awaitable<void> Suspend(uint32_t index, Clock::time_point deadline) {
+    Slot& slot = *slots_[index];
+    slot.deadline = deadline;
+    ArmDeadline(deadline);
+    return asio::async_initiate<decltype(asio::use_awaitable), void()>(
+        [this, index, gen = slot.generation](auto handler) {
+          Slot& s = *slots_[index];
+          // swap, not move-assignment: Boost 1.81's any_completion_handler move-assignment
+          // wraps the handler in itself until the stack runs out.
+          asio::any_completion_handler<void()>(std::move(handler)).swap(s.resume);
+          // The wrapper forwards the caller's cancellation to its own slot (installed after
+          // wrapping: wrapping takes over the handler's slot).
+          if (auto cs = s.resume.get_cancellation_slot(); cs.is_connected()) {
+            cs.assign([this, index, gen](asio::cancellation_type) {
+              // Invoked by the caller's emit, on this thread. The slot may have moved on.
+              if (index < slots_.size() && slots_[index]->generation == gen) {
+                Resume(*slots_[index], /*from_cancellation=*/true);
+              }
+            });
+          }
+        },
+        asio::use_awaitable);
+  }
+
+  // Resumes the caller suspended on `s`, if any, from the event loop (never inline: the caller
+  // may start another call or drop the channel, which must not happen under OnMessage).
+  void Resume(Slot& s, bool from_cancellation = false) {
+    if (!s.resume) return;
+    asio::any_completion_handler<void()> h;
+    h.swap(s.resume);  // see Suspend: no move-assignment
+    s.deadline = Clock::time_point::max();
+    // The cancellation handler must not be destroyed while it runs (it is what called us).
+    if (!from_cancellation) h.get_cancellation_slot().clear();
+    // The caller's coroutine runs on this channel's executor (Channel::Call hops here first).
+    asio::post(executor_, [h = std::move(h)]() mutable { std::move(h)(); });
+  }
+
+  // Arms the channel's deadline timer for `deadline` if it is earlier than the one it waits for.
+  void ArmDeadline(Clock::time_point deadline) {
+    if (deadline >= deadline_armed_) return;
+    deadline_armed_ = deadline;
+    deadline_timer_.expires_at(deadline);
+    std::weak_ptr<ChannelCore> weak = shared_from_this();
+    deadline_timer_.async_wait([weak](boost::system::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->OnDeadlineTimer();
+    });
+  }
+
+  // Resumes every caller whose deadline has passed, and arms the timer for the next one.
+  void OnDeadlineTimer() {
+    deadline_armed_ = Clock::time_point::max();
+    const auto now = Clock::now();
+    auto next = Clock::time_point::max();
+    for (auto& s : slots_) {
+      if (!s->resume) continue;
+      if (s->deadline <= now) {
+        Resume(*s);
+      } else {
+        next = std::min(next, s->deadline);
+      }
+    }
+    if (next != Clock::time_point::max()) ArmDeadline(next);
   }
 
   uint32_t AllocSlot() {
@@ -419,7 +495,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       free_.pop_back();
     } else {
       index = static_cast<uint32_t>(slots_.size());
-      slots_.push_back(std::make_unique<Slot>(executor_));
+      slots_.push_back(std::make_unique<Slot>());
     }
     Slot& s = *slots_[index];
     s.active = true;
@@ -468,7 +544,7 @@ class ChannelCore final : public transport::ConnectionHandler,
                                           f.payload.size()));
     }
     s.done = true;
-    s.timer.cancel();
+    Resume(s);
   }
 
   void OnSettings(const DecodedFrame& f) {
@@ -565,7 +641,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (s->active && s->sent && !s->done) {
         s->status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
         s->done = true;
-        s->timer.cancel();
+        Resume(*s);
       }
     }
   }
@@ -647,6 +723,8 @@ class ChannelCore final : public transport::ConnectionHandler,
   asio::steady_timer handshake_timer_;
   asio::steady_timer first_ready_{executor_};  // Channel::Connect waits on it for SETTINGS
   asio::steady_timer reconnect_timer_;
+  asio::steady_timer deadline_timer_{executor_};  // for the earliest deadline of a suspended call
+  Clock::time_point deadline_armed_ = Clock::time_point::max();
   std::weak_ptr<asio::cancellation_signal> reconnect_cancel_;  // of the attempt in progress
   std::chrono::milliseconds backoff_;
   std::minstd_rand rng_;
