@@ -8,7 +8,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
-#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/co_spawn.hpp>  // for users of generated code, as before
 #include <boost/asio/detached.hpp>
 #include <cstdint>
 #include <memory>
@@ -57,9 +57,21 @@ struct CancelHook {
   }
 };
 
-// Implemented by the server's connection: where a finished call's response goes.
+// A parsed call ready to run: the user's handler, its request and reply, and its ServerCall.
+class CallJob {
+ public:
+  virtual ~CallJob() = default;
+  // Makes the call cancellable through `cancel`, runs the user's handler and finishes the call.
+  // Never throws: a throwing handler finishes the call with INTERNAL.
+  virtual boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) = 0;
+};
+
+// Implemented by the server's connection: where a call runs and its response goes.
 class CallSink {
  public:
+  // Runs `job` on the connection's thread, starting now (it runs until its handler first
+  // suspends, inside this call); the job is destroyed once the call is finished.
+  virtual void Run(std::unique_ptr<CallJob> job) = 0;
   virtual ~CallSink() = default;
   // Sends the response (reply when status is OK; when `deliver` is false because the caller
   // cancelled, only a CANCELLED acknowledgement, so that both ends stop counting the call at the
@@ -94,6 +106,8 @@ class ServerCall {
 
   ServerContext& context() { return context_; }
   const transport::Executor& executor() const { return sink_->executor(); }
+  // Where the call runs (for the handler template); null once finished.
+  internal::CallSink* sink() const { return sink_.get(); }
 
   // Makes the call cancellable by the caller: a CANCEL frame marks context() cancelled and
   // emits `signal` (terminal), which cancels whatever the handler is awaiting. Call once the
@@ -161,47 +175,39 @@ class UnaryMethodHandler final : public MethodHandler {
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
+    internal::CallSink* sink = call.sink();
     // One allocation per call holds the context, request and reply.
-    auto state = std::make_unique<State>(std::move(call));
-    if (!state->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      state->call.Finish(Status(StatusCode::kInvalidArgument,
-                                "request does not parse as " + state->request.GetTypeName()),
-                         nullptr);
+    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
+    if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      job->call.Finish(Status(StatusCode::kInvalidArgument,
+                              "request does not parse as " + job->request.GetTypeName()),
+                       nullptr);
       return;
     }
-    auto executor = state->call.executor();
-    state->call.TrackCancellation(&state->cancel);
-    auto slot = state->cancel.slot();
-    State* st = state.get();
-    // The completion handler owns the state: the cancellation signal must outlive the spawned
-    // coroutine, whose completion still touches the slot bound to it (a signal freed with the
-    // coroutine was a heap-use-after-free under ASan).
-    boost::asio::co_spawn(
-        executor, Run(invoke_, service, st),
-        boost::asio::bind_cancellation_slot(
-            slot, [owned = std::move(state)](const std::exception_ptr&) mutable {}));
+    sink->Run(std::move(job));
   }
 
  private:
-  struct State {
-    explicit State(ServerCall c) : call(std::move(c)) {}
-    boost::asio::cancellation_signal cancel;  // emitted when the caller cancels
+  struct Job final : internal::CallJob {
+    Job(Invoker i, Service& s, ServerCall c) : invoke(i), service(s), call(std::move(c)) {}
+    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+      call.TrackCancellation(cancel);
+      Status status;
+      try {
+        status = co_await invoke(service, call.context(), request, reply);
+      } catch (const std::exception& e) {
+        status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+      } catch (...) {
+        status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+      }
+      call.Finish(status, status.ok() ? &reply : nullptr);
+    }
+    Invoker invoke;
+    Service& service;
     ServerCall call;
     Req request;
     Resp reply;
   };
-
-  static boost::asio::awaitable<void> Run(Invoker invoke, Service& service, State* st) {
-    Status status;
-    try {
-      status = co_await invoke(service, st->call.context(), st->request, st->reply);
-    } catch (const std::exception& e) {
-      status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
-    } catch (...) {
-      status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
-    }
-    st->call.Finish(status, status.ok() ? &st->reply : nullptr);
-  }
 
   Invoker invoke_;
 };

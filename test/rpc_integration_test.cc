@@ -453,3 +453,49 @@ TEST_CASE("a deadline that passes cancels the handler on the server too", "[rpc]
   CHECK(Eventually([&] { return ts.service.cancelled_seen == 1; }, 3000ms));
   CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
 }
+
+// The server runs handlers in coroutines it keeps from call to call (rpc/server.cc,
+// HandlerPool). A reused one must carry nothing of its previous call: not its cancellation, not
+// its state; and more calls at once than it keeps idle must all run.
+TEST_CASE("handler coroutines reused after cancelled calls run the next calls clean",
+          "[rpc][cancel]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  constexpr int kCalls = 100;  // more than the 64 idle handler coroutines a thread keeps
+  auto round = [&](int sleep_ms, std::chrono::milliseconds timeout) {
+    return RunLoop([&]() -> asio::awaitable<std::vector<StatusCode>> {
+      auto ex = co_await asio::this_coro::executor;
+      TestService::Stub stub(co_await MustConnect(ts.uri));
+      std::vector<StatusCode> codes;
+      for (int i = 0; i < kCalls; ++i) {
+        asio::co_spawn(
+            ex,
+            [&]() -> asio::awaitable<void> {
+              SleepRequest req;
+              req.set_ms(sleep_ms);
+              CallOptions o;
+              o.timeout = timeout;
+              auto r = co_await stub.Sleep(req, o);
+              codes.push_back(r.status().code());
+            },
+            asio::detached);
+      }
+      co_await WaitUntil([&] { return codes.size() == kCalls; }, 30s);
+      co_return codes;
+    }());
+  };
+  // Every call abandoned at its deadline: each handler sees the cancellation.
+  auto first = round(10000, 300ms);
+  CHECK(std::count(first.begin(), first.end(), StatusCode::kDeadlineExceeded) == kCalls);
+  REQUIRE(Eventually([&] { return ts.service.cancelled_seen == kCalls; }, 5000ms));
+  REQUIRE(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
+  // Then calls that finish by themselves, in the same coroutines: none is cancelled.
+  auto second = round(50, 10s);
+  CHECK(std::count(second.begin(), second.end(), StatusCode::kOk) == kCalls);
+  CHECK(ts.service.cancelled_seen == kCalls);
+  // And cancellation still reaches a reused one.
+  auto third = round(10000, 200ms);
+  CHECK(std::count(third.begin(), third.end(), StatusCode::kDeadlineExceeded) == kCalls);
+  CHECK(Eventually([&] { return ts.service.cancelled_seen == 2 * kCalls; }, 5000ms));
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
+}
