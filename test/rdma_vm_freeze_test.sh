@@ -14,7 +14,14 @@ client+=" --quiet"
 main_cmd="
   $client --target rdma://\$RXE_PEER_ADDR:7471 > /tmp/rdma.out 2>&1 & r=\$!
   $client --target tcp://\$RXE_PEER_ADDR:7472 > /tmp/tcp.out 2>&1 & t=\$!
-  sleep 4
+  # Freeze only once the peer serves both transports (its VM may boot later than this one on a
+  # loaded machine): one call each, retried until it connects, then time for the two clients
+  # above (retrying with backoff) to be connected and calling.
+  for target in rdma://\$RXE_PEER_ADDR:7471 tcp://\$RXE_PEER_ADDR:7472; do
+    examples/echo/echo_client --target \$target --count 1 --connect-retry-ms 120000 --quiet \
+      > /dev/null 2>&1 || echo \"the peer does not answer on \$target\"
+  done
+  sleep 3
   echo FREEZE-PEER-NOW; frozen=\$(date +%s%N)
   wait \$r; rrc=\$?; rms=\$(( (\$(date +%s%N) - frozen) / 1000000 ))
   wait \$t; trc=\$?; tms=\$(( (\$(date +%s%N) - frozen) / 1000000 ))
