@@ -3,6 +3,11 @@
 # server and client, starts the server on loopback, runs the client against it, stops the server.
 # Usage: tools/demo.sh [tcp://127.0.0.1:PORT]   (default tcp://127.0.0.1:7471)
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "demo.sh: unknown option $1 (see tools/demo.sh --help)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "demo.sh: one URI at most (see tools/demo.sh --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 uri="${1:-tcp://127.0.0.1:7471}"
 

@@ -4,6 +4,9 @@
 # Prints "N passed, N failed" (Catch2 test cases, summed over every test target) on a line of
 # its own and exits non-zero on any failure. Extra arguments go to `bazel test`.
 set -uo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 
 bash tools/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }

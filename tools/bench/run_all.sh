@@ -6,6 +6,11 @@
 #
 #   tools/bench/run_all.sh            # about 6 minutes on a 2-core machine
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "run_all.sh: takes no arguments, got '$1' (see tools/bench/run_all.sh --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/../.."
 bash tools/setup.sh >/dev/null
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

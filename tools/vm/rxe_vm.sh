@@ -12,7 +12,8 @@
 # Inside the guest: rxe0 is configured on dummy0 with address $RXE_ADDR (198.18.0.1, from the
 # benchmarking range; the guest has no host-facing NIC, so nothing it sends leaves the VM),
 # `ulimit -l` is unlimited, and the working directory is the caller's. The host root is read-only
-# in the guest; --share DIR makes DIR writable there (same path), for results.
+# in the guest; --share DIR makes DIR writable there (same path), for results. A working directory
+# under /tmp, /run or /dev/shm (which the guest mounts empty) is shared that way by itself.
 # The command's output is streamed here; this script exits with the command's exit status (124 on
 # timeout, 125 when the VM itself failed).
 #
@@ -43,11 +44,31 @@ while [ $# -gt 0 ]; do
     --peer) peer_cmd="$2"; shift 2 ;;
     --freeze-peer-on) freeze_on="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -*) echo "rxe_vm: unknown option $1 (see tools/vm/rxe_vm.sh --help)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-[ $# -gt 0 ] || { echo "usage: $0 [--timeout S] [--mtu N] [--] COMMAND..." >&2; exit 2; }
+[ $# -gt 0 ] || {
+  echo "usage: $0 [--timeout SECONDS] [--mtu N] [--mem SIZE] [--share DIR] [--peer 'PEER COMMAND' [--freeze-peer-on TEXT]] [--] COMMAND [ARGS...]" >&2
+  exit 2
+}
+# The guest mounts fresh, empty /tmp, /run and /dev/shm: a working directory under one of them
+# would not exist there. Such a directory is shared with the guest (writable) so that the
+# command runs where it was asked to; with --share naming another folder, there is no second
+# share to give it, so say so now rather than fail inside the guest.
+case "$PWD/" in
+  /tmp/*|/run/*|/dev/shm/*)
+    if [ -z "$share" ]; then
+      share="$PWD"
+    else
+      case "$PWD/" in
+        "$share"/*) ;;
+        *) echo "rxe_vm: the working directory $PWD is under a folder the guest replaces with its own (/tmp, /run or /dev/shm), and --share already names $share; run from elsewhere (e.g. a clone under /var/tmp or \$HOME)" >&2
+           exit 2 ;;
+      esac
+    fi ;;
+esac
 
 cache="${RDMARPC_VM_CACHE:-$HOME/.cache/rdmarpc-vm}"
 mkdir -p "$cache"
