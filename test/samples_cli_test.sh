@@ -50,6 +50,19 @@ for bin in "$echo_server" "$echo_client" "$kv_server" "$kv"; do
   : >"$tmp/empty"
   check "$b --auth-secret-file EMPTY is refused" 2 "is empty" "$bin" --auth-secret-file "$tmp/empty"
   check "$b unknown flag" 2 "unknown flag --frobnicate" "$bin" --frobnicate
+  # One line and a pointer to --help, not the whole usage drowning the error.
+  check "$b flag error points at --help" 2 "^\(see $b --help\)$" "$bin" --frobnicate
+  check "$b flag error is two lines, not the usage" 0 "^ *2$" \
+    bash -c "\"$bin\" --frobnicate 2>&1 | wc -l"
+  check "$b --log-level loud names the valid levels" 2 \
+    "unknown log level 'loud' \(valid: trace, debug, info, warn, error, off\)" \
+    "$bin" --log-level loud $([ "$b" = kv ] && echo get x)
+done
+
+for bin in "$echo_server" "$kv_server"; do
+  b=$(basename "$bin")
+  check "$b --listen with an unresolvable host says so" 1 "cannot resolve no-such-host.invalid" \
+    "$bin" --listen tcp://no-such-host.invalid:0
 done
 
 check "kv --targets '' is refused" 2 "names no server" "$kv" --targets '' get x

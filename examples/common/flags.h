@@ -125,4 +125,14 @@ class Flags {
   std::string error_;
 };
 
+// The one-line reason a log level was refused: the flag's value, or $RDMARPC_LOG_LEVEL's when
+// the flag was not given, and the levels there are.
+inline std::string LogLevelError(const std::string& flag_value) {
+  const char* env = std::getenv("RDMARPC_LOG_LEVEL");
+  const bool from_env = flag_value.empty() && env != nullptr;
+  return "unknown log level '" + (from_env ? std::string(env) : flag_value) + "'" +
+         (from_env ? " in $RDMARPC_LOG_LEVEL" : "") +
+         " (valid: trace, debug, info, warn, error, off)";
+}
+
 }  // namespace rdmarpc::examples

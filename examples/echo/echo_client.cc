@@ -163,11 +163,12 @@ int main(int argc, char** argv) {
   rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {
-    std::cerr << "echo_client: " << flags.error() << "\n\n" << kUsage;
+    std::cerr << "echo_client: " << flags.error() << "\n(see echo_client --help)\n";
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
-    std::cerr << "echo_client: unknown log level\n\n" << kUsage;
+    std::cerr << "echo_client: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+              << "\n(see echo_client --help)\n";
     return 2;
   }
   boost::asio::io_context ioc(1);

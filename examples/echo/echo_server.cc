@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "echo_server: unknown log level (trace|debug|info|warn|error|off)\n";
+    std::cerr << "echo_server: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+              << "\n(see echo_server --help)\n";
     return 2;
   }
   std::vector<std::string> uris = flags.all("listen");

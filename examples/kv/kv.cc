@@ -275,10 +275,10 @@ int main(int argc, char** argv) {
   }
   if (bad.empty()) bad = flags.error();
   if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
-    bad = "unknown log level";
+    bad = rdmarpc::examples::LogLevelError(flags.get("log-level", ""));
   }
   if (!bad.empty()) {
-    std::cerr << "kv: " << bad << "\n\n" << kUsage;
+    std::cerr << "kv: " << bad << "\n(see kv --help)\n";
     return 2;
   }
   asio::io_context ioc(1);

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "kv_server: unknown log level (trace|debug|info|warn|error|off)\n";
+    std::cerr << "kv_server: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+              << "\n(see kv_server --help)\n";
     return 2;
   }
 

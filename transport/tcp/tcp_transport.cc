@@ -455,7 +455,17 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host,
                                      ec);
-  if (ec) return Error{"tcp listen on " + endpoint.ToUri() + ": bad address: " + ec.message()};
+  if (ec) {
+    // A host name: looked up here, blocking (Listen is set-up, not on an I/O thread).
+    asio::io_context lookup;
+    tcp::resolver resolver(lookup);
+    auto results = resolver.resolve(endpoint.host, std::to_string(endpoint.port), ec);
+    if (ec || results.empty()) {
+      return Error{"tcp listen on " + endpoint.ToUri() + ": cannot resolve " + endpoint.host +
+                   (ec ? ": " + ec.message() : std::string())};
+    }
+    addr = results.begin()->endpoint().address();
+  }
   auto state = std::make_shared<TcpListener::State>(executors[0]);
   state->executors = executors;
   state->on_accept = std::move(on_accept);
