@@ -5,7 +5,7 @@
 # its own and exits non-zero on any failure. Extra arguments go to `bazel test`.
 set -uo pipefail
 case "${1:-}" in
-  -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 cd "$(dirname "$0")/.."
 

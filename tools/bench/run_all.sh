@@ -8,7 +8,7 @@
 set -euo pipefail
 case "${1:-}" in
   "") ;;
-  -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "run_all.sh: takes no arguments, got '$1' (see tools/bench/run_all.sh --help)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/../.."
