@@ -46,7 +46,6 @@ class HandlerPool {
   // Lets go of the idle runners (their frames are destroyed through the executor, as Asio
   // unwinds an unfinished coroutine); must run before the io_context is destroyed.
   ~HandlerPool() {
-    closing_ = true;
     for (Runner* r : idle_) {
       asio::any_completion_handler<void()> h;
       h.swap(r->resume);  // out of the runner first: destroying h may free the runner
@@ -95,7 +94,7 @@ class HandlerPool {
       // A cancelled call leaves the runner's state cancelled: the next call starts clean.
       co_await asio::this_coro::reset_cancellation_state();
       HandlerPool* pool = r->pool;
-      if (pool->closing_ || pool->idle_.size() >= kMaxIdle) co_return;
+      if (pool->idle_.size() >= kMaxIdle) co_return;
       co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
           [r](auto handler) {
             // swap: Boost 1.81's any_completion_handler move-assignment recurses.
@@ -108,7 +107,6 @@ class HandlerPool {
 
   transport::Executor ex_;
   std::vector<Runner*> idle_;
-  bool closing_ = false;
 };
 
 struct IoThread {
