@@ -81,6 +81,50 @@ check "kv_server --idle-timeout-ms must be a number" 2 "^kv_server: --idle-timeo
 check "echo_server --help lists the limits" 0 "--idle-timeout-ms" "$echo_server" --help
 check "kv_server --help lists the limits" 0 "--max-buffered-bytes" "$kv_server" --help
 
+# Sharded kv with one dead server: keys on the live ones keep working, info shows each server's
+# state, a key on the dead one fails with UNAVAILABLE naming it (issue 15, item 6).
+start_kv() {  # start_kv NAME: starts a kv_server, sets its address in $NAME
+  "$kv_server" --listen tcp://127.0.0.1:0 >"$tmp/$1.out" 2>&1 &
+  echo $! >"$tmp/$1.pid"
+  for _ in $(seq 200); do
+    grep -q '^listening on ' "$tmp/$1.out" && break
+    sleep 0.05
+  done
+  printf -v "$1" '%s' "$(sed -n 's/^listening on //p' "$tmp/$1.out")"
+}
+start_kv live1
+start_kv live2
+start_kv gone
+kill "$(cat "$tmp/gone.pid")"
+wait "$(cat "$tmp/gone.pid")" 2>/dev/null
+targets="$live1,$live2,$gone"
+# Keys that land on each server: put reports the owner's failure for the dead one.
+live_key="" dead_key=""
+for i in $(seq 200); do
+  if "$kv" --targets "$targets" put "k$i" "v$i" >/dev/null 2>&1; then
+    [ -z "$live_key" ] && live_key="k$i"
+  else
+    [ -z "$dead_key" ] && dead_key="k$i"
+  fi
+  [ -n "$live_key" ] && [ -n "$dead_key" ] && break
+done
+check "kv get: a key on a live server works with another server dead" 0 "^v${live_key#k}" \
+  "$kv" --targets "$targets" get "$live_key"
+check "kv get: the dead server is named in a warning" 0 "warning: $gone is down" \
+  "$kv" --targets "$targets" get "$live_key"
+check "kv get: a key on the dead server fails with UNAVAILABLE naming it" 1 \
+  "UNAVAILABLE: server $gone is down" "$kv" --targets "$targets" get "${dead_key:-none}"
+check "kv info: the dead server's line says DOWN" 1 "^$gone: DOWN: UNAVAILABLE" \
+  "$kv" --targets "$targets" info
+check "kv info: the live servers' lines say up" 1 "^$live2: up, engine memory" \
+  "$kv" --targets "$targets" info
+check "kv mget: live keys answered, the dead one marked" 1 \
+  "^${dead_key:-none}	\(UNAVAILABLE" "$kv" --targets "$targets" mget "$live_key" "${dead_key:-none}"
+check "kv: every server dead is 'cannot connect'" 3 "cannot connect: $gone" \
+  "$kv" --targets "$gone,$gone" get x
+kill "$(cat "$tmp/live1.pid")" "$(cat "$tmp/live2.pid")"
+wait 2>/dev/null
+
 if [ -n "${XML_OUTPUT_FILE:-}" ]; then
   {
     echo '<?xml version="1.0" encoding="UTF-8"?>'

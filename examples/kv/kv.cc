@@ -38,19 +38,23 @@ constexpr char kUsage[] =
     "  scan [--start K] [--end K] [--after K] [--limit N] [--all]\n"
     "                                   keys in [start, end) in order (after K if given);\n"
     "                                   --all follows every page\n"
-    "  info                             each server's engine, key count and uptime\n"
+    "  info                             each server's state (up or DOWN and why), engine, key\n"
+    "                                   count and uptime\n"
     "  bench [--count N] [--concurrency N] [--value-bytes N]\n"
     "                                   put N keys, then get them; prints calls/s and latency\n"
     "\n"
     "  --targets URIs   servers (default tcp://127.0.0.1:7480); several, comma-separated or\n"
     "                   repeated, spread keys over the servers by consistent hashing.\n"
+    "                   A dead server costs only its keys: calls for them fail with\n"
+    "                   UNAVAILABLE naming it; keys on the others keep working.\n"
     "  --timeout-ms N   per-call deadline (default 5000; 0 = none).\n"
     "  --auth-secret-file F  present the secret in file F (for servers that require one).\n"
     "  --log-level L    trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn).\n"
     "\n"
     "Values print as text with non-printable bytes as \\xNN.\n"
-    "Exit codes: 0 done, 1 a call failed (e.g. ABORTED on a version mismatch), 2 bad arguments,\n"
-    "3 could not connect, 4 key not found (get).\n";
+    "Exit codes: 0 done, 1 a call failed (e.g. ABORTED on a version mismatch, UNAVAILABLE for a\n"
+    "key on a dead server; for mget and info: any key or server), 2 bad arguments, 3 could not\n"
+    "connect to any server, 4 key not found (get).\n";
 
 std::string Printable(const std::string& s) {
   std::string out;
@@ -141,6 +145,16 @@ asio::awaitable<int> Run(Args a) {
   }
   kv::ShardedClient& client = **connected;
   client.call_options().timeout = std::chrono::milliseconds(a.timeout_ms);
+  // A dead server costs only its own keys; say so once (info shows it in its table instead).
+  if (a.command != "info") {
+    for (size_t i = 0; i < client.targets().size(); ++i) {
+      if (!client.shard_down(i).ok()) {
+        std::cerr << "kv: warning: " << client.targets()[i]
+                  << " is down (" << client.shard_down(i).message()
+                  << "); calls for its keys fail with UNAVAILABLE\n";
+      }
+    }
+  }
   auto& f = *a.flags;
   const auto expected = a.expected;
   const auto& ops = a.operands;
@@ -162,14 +176,23 @@ asio::awaitable<int> Run(Args a) {
     std::cout << (r->existed() ? "deleted\n" : "was not there\n");
   } else if (a.command == "mget") {
     auto r = co_await client.MultiGet(ops);
-    if (!r.ok()) co_return Fail(r.status());
+    int failed = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
-      const auto& g = (*r)[i];
-      std::cout << Printable(ops[i]) << "\t"
-                << (g.found()
+      std::cout << Printable(ops[i]) << "\t";
+      if (!r[i].ok()) {
+        ++failed;
+        std::cout << "(" << r[i].status().ToString() << ")\n";
+        continue;
+      }
+      const auto& g = *r[i];
+      std::cout << (g.found()
                         ? Printable(g.value()) + "\t(version " + std::to_string(g.version()) + ")"
                         : std::string("(not found)"))
                 << "\n";
+    }
+    if (failed) {
+      std::cerr << "kv: " << failed << " of " << ops.size() << " keys could not be read\n";
+      co_return 1;
     }
   } else if (a.command == "scan") {
     kv::ScanRequest req;
@@ -195,13 +218,19 @@ asio::awaitable<int> Run(Args a) {
     }
   } else if (a.command == "info") {
     auto r = co_await client.Info();
-    if (!r.ok()) co_return Fail(r.status());
-    for (size_t i = 0; i < r->size(); ++i) {
-      const auto& in = (*r)[i];
-      std::cout << client.targets()[i] << ": engine " << in.engine() << ", " << in.keys()
+    int down = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (!r[i].ok()) {
+        ++down;
+        std::cout << client.targets()[i] << ": DOWN: " << r[i].status().ToString() << "\n";
+        continue;
+      }
+      const auto& in = *r[i];
+      std::cout << client.targets()[i] << ": up, engine " << in.engine() << ", " << in.keys()
                 << " keys, version " << in.version() << ", up " << in.uptime_s() << " s"
                 << (in.data_dir().empty() ? "" : ", data in " + in.data_dir()) << "\n";
     }
+    if (down) co_return 1;  // the table is printed either way; scripts see the exit code
   } else if (a.command == "bench") {
     co_return co_await Bench(client, a.count, a.concurrency, a.value_bytes);
   }

@@ -17,6 +17,8 @@ using rdmarpc::StatusCode;
 namespace {
 
 constexpr int kPointsPerShard = 160;
+// A dead server is tried again no more often than this, when one of its keys is asked for.
+constexpr auto kRetryDownShard = std::chrono::seconds(1);
 
 // Runs fn(i) for every i in [0, n) at once on the current executor and returns when all are done.
 template <class F>
@@ -58,11 +60,19 @@ asio::awaitable<Result<std::unique_ptr<ShardedClient>>> ShardedClient::Connect(
     std::vector<std::string> targets, rdmarpc::ChannelOptions options) {
   if (targets.empty()) co_return Status(StatusCode::kInvalidArgument, "no targets");
   std::unique_ptr<ShardedClient> c(new ShardedClient());
-  for (const auto& t : targets) {
-    auto ch = co_await rdmarpc::Channel::Connect(t, options);
-    if (!ch.ok()) co_return ch.status();
-    c->stubs_.emplace_back(*ch);
+  c->channel_options_ = std::move(options);
+  for (const auto& t : targets) c->shards_.push_back(Shard{.target = t});
+  ShardedClient* self = c.get();
+  co_await ForAll(targets.size(), [self](size_t s) { return self->ConnectShard(s); });
+  std::string why;
+  for (const auto& sh : c->shards_) {
+    if (sh.stub) {
+      why.clear();
+      break;
+    }
+    why += (why.empty() ? "" : "; ") + sh.target + ": " + sh.down.message();
   }
+  if (!why.empty()) co_return Status(StatusCode::kUnavailable, why);
   for (size_t s = 0; s < targets.size(); ++s) {
     for (int p = 0; p < kPointsPerShard; ++p) {
       c->ring_.emplace_back(KeyHash(targets[s] + "#" + std::to_string(p)), s);
@@ -73,8 +83,38 @@ asio::awaitable<Result<std::unique_ptr<ShardedClient>>> ShardedClient::Connect(
   co_return c;
 }
 
+asio::awaitable<void> ShardedClient::ConnectShard(size_t s) {
+  Shard& sh = shards_[s];
+  sh.connecting = true;
+  auto ch = co_await rdmarpc::Channel::Connect(sh.target, channel_options_);
+  sh.connecting = false;
+  if (ch.ok()) {
+    sh.stub.emplace(*ch);
+    sh.down = Status();
+  } else {
+    sh.down = ch.status();
+    sh.retry_at = std::chrono::steady_clock::now() + kRetryDownShard;
+  }
+}
+
+asio::awaitable<KV::Stub*> ShardedClient::StubFor(size_t s, Status& why) {
+  Shard& sh = shards_[s];
+  // One reconnect at a time per shard; meanwhile its other calls fail fast, as they did before.
+  if (!sh.stub && !sh.connecting && std::chrono::steady_clock::now() >= sh.retry_at) {
+    co_await ConnectShard(s);
+  }
+  if (sh.stub) co_return &*sh.stub;
+  why = Status(StatusCode::kUnavailable,
+               "server " + sh.target + " is down (" + sh.down.message() + ")");
+  co_return nullptr;
+}
+
+Status ShardedClient::Named(size_t s, const Status& st) const {
+  return Status(st.code(), shards_[s].target + ": " + st.message());
+}
+
 size_t ShardedClient::ShardOf(std::string_view key) const {
-  if (stubs_.size() == 1) return 0;
+  if (shards_.size() == 1) return 0;
   const uint64_t h = KeyHash(key);
   auto it = std::lower_bound(ring_.begin(), ring_.end(), std::make_pair(h, size_t(0)));
   if (it == ring_.end()) it = ring_.begin();
@@ -84,7 +124,14 @@ size_t ShardedClient::ShardOf(std::string_view key) const {
 asio::awaitable<Result<GetReply>> ShardedClient::Get(std::string key) {
   GetRequest req;
   req.set_key(std::move(key));
-  co_return co_await stubs_[ShardOf(req.key())].Get(req, options_);
+  const size_t s = ShardOf(req.key());
+  Status why;
+  KV::Stub* stub = co_await StubFor(s, why);
+  if (!stub) co_return why;
+  GetReply reply;
+  Status st = co_await stub->Get(req, reply, options_);
+  if (!st.ok()) co_return Named(s, st);
+  co_return reply;
 }
 
 asio::awaitable<Result<PutReply>> ShardedClient::Put(std::string key, std::string value,
@@ -93,7 +140,14 @@ asio::awaitable<Result<PutReply>> ShardedClient::Put(std::string key, std::strin
   req.set_key(std::move(key));
   req.set_value(std::move(value));
   if (expected) req.set_expected_version(*expected);
-  co_return co_await stubs_[ShardOf(req.key())].Put(req, options_);
+  const size_t s = ShardOf(req.key());
+  Status why;
+  KV::Stub* stub = co_await StubFor(s, why);
+  if (!stub) co_return why;
+  PutReply reply;
+  Status st = co_await stub->Put(req, reply, options_);
+  if (!st.ok()) co_return Named(s, st);
+  co_return reply;
 }
 
 asio::awaitable<Result<DeleteReply>> ShardedClient::Delete(std::string key,
@@ -101,48 +155,62 @@ asio::awaitable<Result<DeleteReply>> ShardedClient::Delete(std::string key,
   DeleteRequest req;
   req.set_key(std::move(key));
   if (expected) req.set_expected_version(*expected);
-  co_return co_await stubs_[ShardOf(req.key())].Delete(req, options_);
+  const size_t s = ShardOf(req.key());
+  Status why;
+  KV::Stub* stub = co_await StubFor(s, why);
+  if (!stub) co_return why;
+  DeleteReply reply;
+  Status st = co_await stub->Delete(req, reply, options_);
+  if (!st.ok()) co_return Named(s, st);
+  co_return reply;
 }
 
-asio::awaitable<Result<std::vector<GetReply>>> ShardedClient::MultiGet(
+asio::awaitable<std::vector<Result<GetReply>>> ShardedClient::MultiGet(
     std::vector<std::string> keys) {
-  std::vector<MultiGetRequest> reqs(stubs_.size());
-  std::vector<std::vector<size_t>> where(stubs_.size());  // shard -> positions in `keys`
+  std::vector<MultiGetRequest> reqs(shards_.size());
+  std::vector<std::vector<size_t>> where(shards_.size());  // shard -> positions in `keys`
   for (size_t i = 0; i < keys.size(); ++i) {
     const size_t s = ShardOf(keys[i]);
     reqs[s].add_keys(std::move(keys[i]));
     where[s].push_back(i);
   }
-  std::vector<GetReply> out(keys.size());
-  Status first_error;
-  co_await ForAll(stubs_.size(), [&](size_t s) -> asio::awaitable<void> {
+  std::vector<Result<GetReply>> out(keys.size());
+  co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
     if (where[s].empty()) co_return;
     MultiGetReply reply;
-    Status st = co_await stubs_[s].MultiGet(reqs[s], reply, options_);
-    if (st.ok() && reply.results_size() != static_cast<int>(where[s].size())) {
-      st = Status(StatusCode::kInternal, "server " + targets_[s] + " answered " +
-                                             std::to_string(reply.results_size()) + " of " +
-                                             std::to_string(where[s].size()) + " keys");
-    }
-    if (!st.ok()) {
-      if (first_error.ok()) first_error = st;
-      co_return;
+    Status st;
+    KV::Stub* stub = co_await StubFor(s, st);
+    if (stub) {
+      st = co_await stub->MultiGet(reqs[s], reply, options_);
+      if (st.ok() && reply.results_size() != static_cast<int>(where[s].size())) {
+        st = Status(StatusCode::kInternal, "answered " + std::to_string(reply.results_size()) +
+                                               " of " + std::to_string(where[s].size()) + " keys");
+      }
+      if (!st.ok()) st = Named(s, st);
     }
     for (size_t j = 0; j < where[s].size(); ++j) {
-      out[where[s][j]] = std::move(*reply.mutable_results(static_cast<int>(j)));
+      if (st.ok()) {
+        out[where[s][j]] = std::move(*reply.mutable_results(static_cast<int>(j)));
+      } else {
+        out[where[s][j]] = st;
+      }
     }
   });
-  if (!first_error.ok()) co_return first_error;
   co_return out;
 }
 
 asio::awaitable<Result<ScanReply>> ShardedClient::Scan(ScanRequest request) {
   const uint32_t limit = request.limit() == 0 ? 1000 : request.limit();
   request.set_limit(limit);
-  std::vector<ScanReply> pages(stubs_.size());
+  std::vector<ScanReply> pages(shards_.size());
   Status first_error;
-  co_await ForAll(stubs_.size(), [&](size_t s) -> asio::awaitable<void> {
-    Status st = co_await stubs_[s].Scan(request, pages[s], options_);
+  co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
+    Status st;
+    KV::Stub* stub = co_await StubFor(s, st);
+    if (stub) {
+      st = co_await stub->Scan(request, pages[s], options_);
+      if (!st.ok()) st = Named(s, st);
+    }
     if (!st.ok() && first_error.ok()) first_error = st;
   });
   if (!first_error.ok()) co_return first_error;
@@ -181,16 +249,23 @@ asio::awaitable<Result<ScanReply>> ShardedClient::Scan(ScanRequest request) {
   co_return merged;
 }
 
-asio::awaitable<Result<std::vector<InfoReply>>> ShardedClient::Info() {
-  std::vector<InfoReply> out(stubs_.size());
-  Status first_error;
-  co_await ForAll(stubs_.size(), [&](size_t s) -> asio::awaitable<void> {
-    Status st = co_await stubs_[s].Info(InfoRequest(), out[s], options_);
-    if (!st.ok() && first_error.ok()) {
-      first_error = Status(st.code(), targets_[s] + ": " + st.message());
+asio::awaitable<std::vector<Result<InfoReply>>> ShardedClient::Info() {
+  std::vector<Result<InfoReply>> out(shards_.size());
+  co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
+    Status st;
+    KV::Stub* stub = co_await StubFor(s, st);
+    if (!stub) {
+      out[s] = st;
+      co_return;
+    }
+    InfoReply reply;
+    st = co_await stub->Info(InfoRequest(), reply, options_);
+    if (st.ok()) {
+      out[s] = std::move(reply);
+    } else {
+      out[s] = Named(s, st);
     }
   });
-  if (!first_error.ok()) co_return first_error;
   co_return out;
 }
 
