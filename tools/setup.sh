@@ -11,6 +11,8 @@ PACKAGES=(
   libspdlog-dev libfmt-dev
   libssl-dev
   catch2
+  # using rdmarpc outside Bazel (tools/install.sh, examples/cmake)
+  cmake pkgconf
   # benchmarks (tools/bench): plots, instruction counts, the report
   gnuplot-nox valgrind python3
   # key-value sample: its persistent engine

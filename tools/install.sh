@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs rdmarpc for builds outside Bazel (CMake, Make, ...): builds it, then puts under PREFIX
+#   include/rdmarpc/rpc/*.h, include/rdmarpc/transport/...   the public headers
+#   lib/librdmarpc.a                                        the runtime (rpc and transport layers)
+#   bin/protoc-gen-rdmarpc                                  the protoc plugin
+#   lib/pkgconfig/rdmarpc.pc                                for pkg-config / CMake's pkg_check_modules
+# Usage: tools/install.sh [--prefix DIR]   (default /usr/local; run tools/setup.sh first)
+# Then: PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs rdmarpc, and
+# protoc --plugin=protoc-gen-rdmarpc=PREFIX/bin/protoc-gen-rdmarpc --rdmarpc_out=... --cpp_out=...
+# examples/cmake is a complete CMake project built this way (CI builds it).
+set -euo pipefail
+prefix=/usr/local
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    --prefix) [ $# -ge 2 ] || { echo "install.sh: --prefix needs a directory (see tools/install.sh --help)" >&2; exit 2; }
+              prefix=$2; shift 2 ;;
+    --prefix=*) prefix=${1#--prefix=}; shift ;;
+    *) echo "install.sh: unknown argument $1 (see tools/install.sh --help)" >&2; exit 2 ;;
+  esac
+done
+case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
+cd "$(dirname "$0")/.."
+
+version=0.1.0
+bazel build --config=ci //rpc //transport //tools/codegen:protoc-gen-rdmarpc
+bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
+
+mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
+# Headers keep their paths: they include each other as "rpc/..." and "transport/...", and so
+# does generated code.
+for h in $(find rpc transport -name '*.h' | sort); do
+  install -D -m 644 "$h" "$prefix/include/rdmarpc/$h"
+done
+# One archive for both layers (the rpc layer needs the transport layer).
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'CREATE %s\nADDLIB %s\nADDLIB %s\nSAVE\nEND\n' "$tmp/librdmarpc.a" \
+  "$bin/rpc/librpc.a" "$bin/transport/libtransport.a" | ar -M
+install -m 644 "$tmp/librdmarpc.a" "$prefix/lib/librdmarpc.a"
+install -m 755 "$bin/tools/codegen/protoc-gen-rdmarpc" "$prefix/bin/protoc-gen-rdmarpc"
+cat >"$prefix/lib/pkgconfig/rdmarpc.pc" <<EOF
+prefix=$prefix
+includedir=\${prefix}/include/rdmarpc
+libdir=\${prefix}/lib
+# The protoc plugin: protoc --plugin=protoc-gen-rdmarpc=\${protoc_plugin} --rdmarpc_out=DIR
+protoc_plugin=\${prefix}/bin/protoc-gen-rdmarpc
+
+Name: rdmarpc
+Description: Asynchronous RPC on RDMA (and TCP) with C++20 coroutines
+Version: $version
+Requires: protobuf spdlog libibverbs librdmacm libcrypto
+Cflags: -std=c++20 -I\${includedir}
+Libs: -L\${libdir} -lrdmarpc -pthread
+EOF
+echo "install.sh: rdmarpc $version installed under $prefix"
+echo "  PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs rdmarpc"
