@@ -158,6 +158,13 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (slot.done) {
       status = std::move(slot.status);
       FreeSlot(index);
+      if (status.code() == StatusCode::kUnimplemented &&
+          status.message().rfind("unknown method id ", 0) == 0) {
+        // The wire carries only the method's hash; we know its name (issue 14).
+        status = Status(StatusCode::kUnimplemented,
+                        "method " + std::string(method.full_name) + " is not served by " +
+                            target_ + " (" + status.message() + ")");
+      }
       co_return status;
     }
     if ((co_await asio::this_coro::cancellation_state).cancelled() !=

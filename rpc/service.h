@@ -17,21 +17,11 @@
 #include <string_view>
 
 #include "rpc/context.h"
+#include "rpc/method_id.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
 
 namespace rdmarpc {
-
-// The method id on the wire: FNV-1a (32 bit) of "/package.Service/Method". The generator computes
-// it at code-generation time; Server::AddService rejects two methods with the same id.
-constexpr uint32_t MethodId(std::string_view full_name) {
-  uint32_t h = 2166136261u;
-  for (char c : full_name) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 16777619u;
-  }
-  return h;
-}
 
 // Identifies a method for a client call. Static storage in generated code.
 struct MethodInfo {

@@ -40,8 +40,11 @@ script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_limits.xml TEST_TA
 # server that never answers, a channel on the same thread keeps making calls while another
 # connect waits out the lookup. Over rdma:// and, since the guest has its own loopback, tcp://.
 resolve_name=reliability_test_resolve
+# A source file in the runfiles is a link into the checkout, which the guest cannot see when the
+# checkout is under /tmp (the guest's /tmp is its own): run a copy from the shared folder.
+cp test/slow_resolver.sh "$results/slow_resolver.sh"
 script+="; echo \"=== reliability_test [resolve] over rdma:// and tcp:// with a mute name server\""
-script+="; RDMARPC_TEST_ONLY_SCHEME= XML_OUTPUT_FILE=$results/$resolve_name.xml TEST_TARGET=rdma_vm/$resolve_name timeout 120 bash test/slow_resolver.sh test/reliability_test '[resolve]' --durations yes || rc=1"
+script+="; RDMARPC_TEST_ONLY_SCHEME= XML_OUTPUT_FILE=$results/$resolve_name.xml TEST_TARGET=rdma_vm/$resolve_name timeout 120 bash $results/slow_resolver.sh test/reliability_test '[resolve]' --durations yes || rc=1"
 script+="; exit \$rc"
 
 # The suites are linked the way Bazel links tests by default: dynamically, against a shared

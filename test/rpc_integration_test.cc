@@ -137,6 +137,9 @@ TEST_CASE("an unknown method answers UNIMPLEMENTED", "[rpc][errors]") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == StatusCode::kUnimplemented);
   CHECK_THAT(r.status().message(), Catch::Contains("unknown method"));
+  // The caller is told which method, by name, and which server.
+  CHECK_THAT(r.status().message(), Catch::Contains("/rdmarpc.testing.Unserved/Nothing"));
+  CHECK_THAT(r.status().message(), Catch::Contains(ts.uri));
 }
 
 TEST_CASE("a handler's error status reaches the caller with code and message", "[rpc][errors]") {

@@ -13,8 +13,8 @@ PACKAGES=(
   catch2
   # using rdmarpc outside Bazel (tools/install.sh, examples/cmake)
   cmake pkgconf
-  # benchmarks (tools/bench): plots, instruction counts, the report
-  gnuplot-nox valgrind python3
+  # benchmarks (tools/bench): plots, instruction counts, the report, the gRPC C++ yardstick
+  gnuplot-nox valgrind python3 libgrpc++-dev protobuf-compiler-grpc
   # key-value sample: its persistent engine
   librocksdb-dev
   # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces every figure in docs/BENCHMARKS.md: TCP on loopback (rdmarpc next to a raw-socket
-# ping-pong), CPU cost per call (callgrind), memory per idle connection and connection counts,
+# ping-pong and gRPC C++), CPU cost per call (callgrind), memory per idle connection and connection counts,
 # and RDMA in the Soft-RoCE VM (rdmarpc next to perftest on the same device in the same boot).
 # Then writes docs/BENCHMARKS.md and the plots in docs/bench/.
 #
@@ -27,13 +27,16 @@ wait_listening() {  # file
   echo "server did not start: $(cat "$1")" >&2; return 1
 }
 
-echo "== TCP on loopback: rdmarpc_bench next to tcp_pingpong"
+echo "== TCP on loopback: rdmarpc_bench next to tcp_pingpong and gRPC C++ (grpc_bench)"
 $bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$res/srv.log" 2>&1 &
 srv=$!
 $bin/tcp_pingpong --server --port 7495 >"$res/pp.log" 2>&1 &
 pp=$!
-wait_listening "$res/srv.log"; wait_listening "$res/pp.log"
+$bin/grpc_bench --server >"$res/grpc.log" 2>&1 &
+gs=$!
+wait_listening "$res/srv.log"; wait_listening "$res/pp.log"; wait_listening "$res/grpc.log"
 target=$(sed -n 's/^listening on //p' "$res/srv.log")
+grpc_target=$(sed -n 's/^listening on //p' "$res/grpc.log")
 for depth in 1 32; do
   sizes="64 4096 65536 1048576"
   [ "$depth" = 32 ] && sizes="64"
@@ -41,8 +44,10 @@ for depth in 1 32; do
     r=$($bin/rdmarpc_bench --target "$target" --request-bytes "$size" --depth "$depth" \
         --duration 3 --warmup 1 --json)
     p=$($bin/tcp_pingpong --port 7495 --bytes "$size" --depth "$depth" --duration 3 --warmup 1 --json)
-    echo "{\"kind\":\"tcp\",\"bytes\":$size,\"depth\":$depth,\"rdmarpc\":$r,\"raw\":$p}" >> "$res/tcp.jsonl"
-    echo "  $size B depth $depth: rdmarpc p50 $(echo "$r" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, raw p50 $(echo "$p" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us"
+    g=$($bin/grpc_bench --target "$grpc_target" --request-bytes "$size" --depth "$depth" \
+        --duration 3 --warmup 1 --json)
+    echo "{\"kind\":\"tcp\",\"bytes\":$size,\"depth\":$depth,\"rdmarpc\":$r,\"raw\":$p,\"grpc\":$g}" >> "$res/tcp.jsonl"
+    echo "  $size B depth $depth: rdmarpc p50 $(echo "$r" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, raw p50 $(echo "$p" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, gRPC p50 $(echo "$g" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us"
   done
 done
 r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
@@ -54,7 +59,7 @@ for n in 1000 10000 19000; do
   r=$($bin/rdmarpc_bench --target "$target" --idle-connections "$n" --json || true)
   echo "{\"kind\":\"tcp_idle\",\"result\":$r}" >> "$res/tcp.jsonl"
 done
-kill "$srv" "$pp"; wait "$srv" "$pp" 2>/dev/null || true
+kill "$srv" "$pp" "$gs"; wait "$srv" "$pp" "$gs" 2>/dev/null || true
 
 echo "== CPU cost: instructions per call (callgrind), 64 B echo over TCP, set-up excluded"
 # Run each side twice, with 2,000 and 12,000 calls; the difference / 10,000 is the cost per call

@@ -16,6 +16,8 @@
 #include <set>
 #include <string>
 
+#include "rpc/method_id.h"
+
 // Exported by libprotoc: the same keyword and namespace rules protoc's C++ generator applies to
 // message names, so that our references to messages always match its class names.
 namespace google::protobuf::compiler::cpp {
@@ -68,15 +70,6 @@ std::string ServiceClassName(const ServiceDescriptor* s) {
   std::string name = cpp::ResolveKeyword(s->name());
   if (kNested.count(name)) name += "_";
   return name;
-}
-
-uint32_t MethodId(const std::string& full_name) {
-  uint32_t h = 2166136261u;
-  for (char c : full_name) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 16777619u;
-  }
-  return h;
 }
 
 std::string WireName(const MethodDescriptor* m) {
@@ -142,7 +135,7 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
   static std::map<std::string, std::string> MethodVars(const MethodDescriptor* m) {
     return {{"name", MethodName(m)},
             {"wire", WireName(m)},
-            {"id", Hex(MethodId(WireName(m)))},
+            {"id", Hex(rdmarpc::MethodId(WireName(m)))},
             {"req", QualifiedClassName(m->input_type())},
             {"resp", QualifiedClassName(m->output_type())},
             {"svc", ServiceClassName(m->service())}};

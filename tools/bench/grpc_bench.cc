@@ -1,0 +1,197 @@
+// grpc_bench: the yardstick users would otherwise pick. The same echo as rdmarpc_bench (reply
+// size chosen by the caller), on gRPC C++ (Debian's libgrpc++ 1.51) with its callback API, over
+// TCP on loopback, measured the same way: `depth` calls in flight, each finished call starting
+// the next, latency recorded per call after the warm-up.
+//
+//   grpc_bench --server [--port P]            (prints "listening on 127.0.0.1:P")
+//   grpc_bench --target 127.0.0.1:P [--request-bytes N] [--response-bytes N] [--depth D]
+//              [--duration S] [--warmup S] [--json]
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "examples/common/flags.h"
+#include "tools/bench/grpc_bench.grpc.pb.h"
+#include "tools/bench/histogram.h"
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+class Service final : public grpcbench::Bench::CallbackService {
+  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* ctx,
+                                 const grpcbench::CallRequest* req,
+                                 grpcbench::CallReply* reply) override {
+    // As rdmarpc_bench's server: echo the payload, or make one of the size asked for.
+    if (req->response_bytes() == req->payload().size()) {
+      reply->set_payload(req->payload());
+    } else {
+      reply->mutable_payload()->assign(req->response_bytes(), 'r');
+    }
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+int RunServer(long port) {
+  Service service;
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                           &bound);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  if (!server || bound == 0) {
+    std::fprintf(stderr, "grpc_bench: cannot listen on 127.0.0.1:%ld\n", port);
+    return 1;
+  }
+  std::printf("listening on 127.0.0.1:%d\n", bound);
+  std::fflush(stdout);
+  server->Wait();  // until killed
+  return 0;
+}
+
+// One chain of calls: each completion records its latency and starts the next call.
+struct Chain {
+  grpcbench::Bench::Stub* stub;
+  grpcbench::CallRequest req;
+  grpcbench::CallReply reply;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  Clock::time_point t0;
+};
+
+struct Run {
+  std::atomic<bool> measuring{false}, stop{false};
+  std::mutex mu;  // guards hist and the counters (callbacks run on gRPC's threads)
+  rdmarpc::bench::Histogram hist;
+  uint64_t counted = 0, failed = 0;
+  long running = 0;
+  std::condition_variable all_done;
+  std::string error;
+  long response_bytes = 0;
+};
+
+void Next(Run& run, Chain& c) {
+  if (run.stop) {
+    std::lock_guard<std::mutex> l(run.mu);
+    if (--run.running == 0) run.all_done.notify_all();
+    return;
+  }
+  c.ctx = std::make_unique<grpc::ClientContext>();
+  c.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  c.reply.Clear();
+  c.t0 = Clock::now();
+  c.stub->async()->Call(c.ctx.get(), &c.req, &c.reply, [&run, &c](grpc::Status s) {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - c.t0).count();
+    {
+      std::lock_guard<std::mutex> l(run.mu);
+      if (!s.ok() || c.reply.payload().size() != static_cast<size_t>(run.response_bytes)) {
+        ++run.failed;
+        if (run.error.empty()) run.error = s.ok() ? "reply of the wrong size" : s.error_message();
+      } else if (run.measuring) {
+        run.hist.Record(static_cast<uint64_t>(ns));
+        ++run.counted;
+      }
+    }
+    Next(run, c);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rdmarpc::examples::Flags flags(argc, argv,
+                                 {{"server", false},
+                                  {"port", true},
+                                  {"target", true},
+                                  {"request-bytes", true},
+                                  {"response-bytes", true},
+                                  {"depth", true},
+                                  {"duration", true},
+                                  {"warmup", true},
+                                  {"json", false},
+                                  {"help", false}});
+  if (flags.has("help")) {
+    std::cout << "usage: grpc_bench --server [--port P]\n"
+                 "       grpc_bench --target HOST:PORT [--request-bytes N] [--response-bytes N]\n"
+                 "                  [--depth D] [--duration S] [--warmup S] [--json]\n";
+    return 0;
+  }
+  const long port = flags.get_int("port", 0, 0, 65535);
+  const long request_bytes = flags.get_int("request-bytes", 64, 0, 64 << 20);
+  const long response_bytes = flags.get_int("response-bytes", request_bytes, 0, 64 << 20);
+  const long depth = flags.get_int("depth", 1, 1, 4096);
+  const long duration = flags.get_int("duration", 5, 1, 86400);
+  const long warmup = flags.get_int("warmup", 1, 0, 3600);
+  const std::string target = flags.get("target", "");
+  std::string bad = flags.error();
+  if (bad.empty() && !flags.has("server") && target.empty()) bad = "give --server or --target";
+  if (!bad.empty()) {
+    std::cerr << "grpc_bench: " << bad << "\n(see grpc_bench --help)\n";
+    return 2;
+  }
+  if (flags.has("server")) return RunServer(port);
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5))) {
+    std::cerr << "grpc_bench: cannot connect to " << target << "\n";
+    return 3;
+  }
+  auto stub = grpcbench::Bench::NewStub(channel);
+  Run run;
+  run.response_bytes = response_bytes;
+  std::vector<Chain> chains(static_cast<size_t>(depth));
+  run.running = depth;
+  for (auto& c : chains) {
+    c.stub = stub.get();
+    c.req.set_payload(std::string(static_cast<size_t>(request_bytes), 'q'));
+    c.req.set_response_bytes(static_cast<uint32_t>(response_bytes));
+  }
+  for (auto& c : chains) Next(run, c);
+  std::this_thread::sleep_for(std::chrono::seconds(warmup));
+  {
+    std::lock_guard<std::mutex> l(run.mu);
+    run.hist = {};
+    run.counted = 0;
+    run.measuring = true;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(duration));
+  run.measuring = false;
+  run.stop = true;
+  {
+    std::unique_lock<std::mutex> l(run.mu);
+    run.all_done.wait(l, [&] { return run.running == 0; });
+  }
+  const double secs = static_cast<double>(duration);
+  auto us = [&](double q) { return run.hist.Quantile(q) / 1000.0; };
+  if (flags.has("json")) {
+    std::printf(
+        "{\"request_bytes\":%ld,\"response_bytes\":%ld,\"depth\":%ld,\"calls\":%lu,"
+        "\"failed\":%lu,\"calls_per_s\":%.0f,\"p50_us\":%.1f,\"p90_us\":%.1f,\"p99_us\":%.1f,"
+        "\"p999_us\":%.1f,\"max_us\":%.1f}\n",
+        request_bytes, response_bytes, depth, static_cast<unsigned long>(run.counted),
+        static_cast<unsigned long>(run.failed), run.counted / secs, us(0.5), us(0.9), us(0.99),
+        us(0.999), run.hist.max() / 1000.0);
+  } else {
+    std::printf(
+        "grpc_bench: %ld B, depth %ld: %.0f calls/s, %lu failed; latency us: p50 %.1f p90 %.1f "
+        "p99 %.1f p99.9 %.1f max %.1f%s%s\n",
+        request_bytes, depth, run.counted / secs, static_cast<unsigned long>(run.failed), us(0.5),
+        us(0.9), us(0.99), us(0.999), run.hist.max() / 1000.0, run.error.empty() ? "" : "; ",
+        run.error.c_str());
+  }
+  return run.failed == 0 ? 0 : 1;
+}
