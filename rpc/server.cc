@@ -130,6 +130,7 @@ struct ServerCore {
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
   std::atomic<int64_t> throttled{0};    // times a connection went over its memory budget
+  std::vector<std::function<void()>> shutdown_hooks;  // added before Start, run by Shutdown
 
   // Shutdown hand-off to Run(): RequestShutdown sets the flag and writes a byte to the pipe Run()
   // blocks on. Both are async-signal-safe (no lock, no allocation), as a signal handler needs.
@@ -600,8 +601,17 @@ void Server::Run() {
   Shutdown();
 }
 
+void Server::AddShutdownHook(std::function<void()> hook) {
+  core_->shutdown_hooks.push_back(std::move(hook));
+}
+
 void Server::Shutdown() {
   if (core_->stopped.exchange(true)) return;
+  for (auto& hook : core_->shutdown_hooks) hook();
+  if (core_->started && core_->options.shutdown_grace.count() > 0) {
+    // Still serving, listeners included: whoever polls health sees NOT_SERVING and moves away.
+    std::this_thread::sleep_for(core_->options.shutdown_grace);
+  }
   core_->draining = true;
   for (auto& l : core_->listeners) l->Close();
   if (core_->started) {

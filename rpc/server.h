@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,10 @@ struct ServerOptions {
   // GOAWAY goes after between 1 and 1.5 times this; a client that does not close then is closed
   // one period later. Zero = never.
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(5)};
+  // Shutdown() first runs the shutdown hooks (HealthService turns NOT_SERVING), then keeps
+  // serving, listeners included, for this long before it sends GOAWAY and drains: time for load
+  // balancers and orchestrators that poll health to stop sending here. Zero = none (default).
+  std::chrono::milliseconds shutdown_grace{0};
 };
 
 namespace internal {
@@ -91,6 +96,10 @@ class Server {
   // running get UNAVAILABLE) and joins the I/O threads. Blocking; do not call from a handler (use
   // RequestShutdown).
   void Shutdown();
+
+  // Runs `hook` when Shutdown() begins (before shutdown_grace), on the thread calling it. Add
+  // hooks before Start(); they must not call Shutdown().
+  void AddShutdownHook(std::function<void()> hook);
 
   // The bound URIs of all listeners, in Listen order.
   std::vector<std::string> listening_uris() const;

@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 #include <thread>
 
+#include "rpc/health.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
 #include "transport/rdma/rdma_transport.h"
@@ -508,4 +509,50 @@ TEST_CASE("handler coroutines reused after cancelled calls run the next calls cl
   CHECK(std::count(third.begin(), third.end(), StatusCode::kDeadlineExceeded) == kCalls);
   CHECK(Eventually([&] { return ts.service.cancelled_seen == 2 * kCalls; }, 5000ms));
   CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
+}
+
+TEST_CASE("the health service: per service, NOT_FOUND for others, NOT_SERVING once shutdown begins",
+          "[rpc][health]") {
+  using health::v1::HealthCheckResponse;
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServiceImpl impl;
+  HealthService health;
+  // The grace keeps the server serving while its health already says NOT_SERVING.
+  Server server(ServerOptions{.io_threads = 1, .shutdown_grace = 3000ms});
+  REQUIRE(server.AddService(impl).ok());
+  REQUIRE(health.Attach(server).ok());
+  health.SetServing("rdmarpc.testing.TestService", true);
+  health.SetServing("rdmarpc.testing.Later", false);
+  auto uri = server.Listen(listen);
+  REQUIRE(uri.ok());
+  server.Start();
+  auto ch = Channel::ConnectBlocking(*uri);
+  REQUIRE(ch.ok());
+  health::v1::Health::BlockingStub stub(*ch);
+  auto check = [&](const std::string& service) {
+    health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    return stub.Check(req, {.timeout = 5s});
+  };
+  auto status_of = [&](const std::string& service) {
+    auto r = check(service);
+    return r.ok() ? r->status() : HealthCheckResponse::UNKNOWN;
+  };
+  CHECK(status_of("") == HealthCheckResponse::SERVING);
+  CHECK(status_of("rdmarpc.testing.TestService") == HealthCheckResponse::SERVING);
+  CHECK(status_of("rdmarpc.testing.Later") == HealthCheckResponse::NOT_SERVING);
+  health.SetServing("rdmarpc.testing.Later", true);
+  CHECK(status_of("rdmarpc.testing.Later") == HealthCheckResponse::SERVING);
+  CHECK(check("no.Such").status().code() == StatusCode::kNotFound);
+
+  std::thread stopper([&] { server.Shutdown(); });
+  CHECK(Eventually([&] { return status_of("") == HealthCheckResponse::NOT_SERVING; }, 2000ms));
+  CHECK(status_of("rdmarpc.testing.TestService") == HealthCheckResponse::NOT_SERVING);
+  // Within the grace, calls are still served; a status set now stays NOT_SERVING.
+  TestService::BlockingStub echo(*ch);
+  CHECK(echo.Echo(EchoRequest(), {.timeout = 5s}).ok());
+  health.SetServing("rdmarpc.testing.TestService", true);
+  CHECK(status_of("rdmarpc.testing.TestService") == HealthCheckResponse::NOT_SERVING);
+  stopper.join();
+  CHECK(echo.Echo(EchoRequest(), {.timeout = 2s}).status().code() == StatusCode::kUnavailable);
 }

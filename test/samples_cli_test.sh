@@ -7,6 +7,7 @@ echo_server=examples/echo/echo_server
 echo_client=examples/echo/echo_client
 kv_server=examples/kv/kv_server
 kv=examples/kv/kv
+rdmarpc=tools/cli/rdmarpc
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -124,6 +125,28 @@ check "kv: every server dead is 'cannot connect'" 3 "cannot connect: $gone" \
   "$kv" --targets "$gone,$gone" get x
 kill "$(cat "$tmp/live1.pid")" "$(cat "$tmp/live2.pid")"
 wait 2>/dev/null
+
+# The rdmarpc tool against the sample servers' built-in health service (issue 14).
+check "rdmarpc --help" 0 "rdmarpc health TARGET" "$rdmarpc" --help
+check "rdmarpc without a command" 2 "no command given" "$rdmarpc"
+check "rdmarpc with an unknown command" 2 "unknown command 'bogus'" "$rdmarpc" bogus x
+check "rdmarpc with an unknown option" 2 "see rdmarpc --help" "$rdmarpc" health --loud x
+check "rdmarpc health: no server is 'cannot connect'" 3 "cannot connect to tcp://127.0.0.1:1" \
+  "$rdmarpc" health tcp://127.0.0.1:1
+"$echo_server" --listen tcp://127.0.0.1:0 --shutdown-grace-ms 3000 >"$tmp/echo.out" 2>&1 &
+echo_pid=$!
+for _ in $(seq 200); do grep -q '^listening on ' "$tmp/echo.out" && break; sleep 0.05; done
+echo_uri=$(sed -n 's/^listening on //p' "$tmp/echo.out")
+check "rdmarpc health: echo_server is SERVING" 0 "^SERVING$" "$rdmarpc" health "$echo_uri"
+check "rdmarpc health: its demo.Echo is SERVING" 0 "^SERVING$" "$rdmarpc" health "$echo_uri" demo.Echo
+check "rdmarpc health: an unknown service is NOT_FOUND" 4 "NOT_FOUND" \
+  "$rdmarpc" health "$echo_uri" no.Such
+kill -TERM "$echo_pid"
+sleep 0.3
+check "rdmarpc health: NOT_SERVING from SIGTERM, within --shutdown-grace-ms" 1 "^NOT_SERVING$" \
+  "$rdmarpc" health "$echo_uri"
+check "echo_client: still served within the grace" 0 "" "$echo_client" --target "$echo_uri" --count 1
+wait "$echo_pid" 2>/dev/null
 
 if [ -n "${XML_OUTPUT_FILE:-}" ]; then
   {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs rdmarpc for builds outside Bazel (CMake, Make, ...): builds it, then puts under PREFIX
 #   include/rdmarpc/rpc/*.h, include/rdmarpc/transport/...   the public headers
-#   lib/librdmarpc.a                                        the runtime (rpc and transport layers)
+#   lib/librdmarpc.a                                        the runtime (rpc and transport layers,
+#                                                           and the health service)
 #   bin/protoc-gen-rdmarpc                                  the protoc plugin
+#   bin/rdmarpc                                             the command-line client
 #   lib/pkgconfig/rdmarpc.pc                                for pkg-config / CMake's pkg_check_modules
 # Usage: tools/install.sh [--prefix DIR]   (default /usr/local; run tools/setup.sh first)
 # Then: PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs rdmarpc, and
@@ -23,7 +25,8 @@ case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 cd "$(dirname "$0")/.."
 
 version=0.1.0
-bazel build --config=ci //rpc //transport //tools/codegen:protoc-gen-rdmarpc
+bazel build --config=ci //rpc //rpc:health //transport //tools/codegen:protoc-gen-rdmarpc \
+  //tools/cli:rdmarpc
 bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
 
 mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
@@ -32,13 +35,18 @@ mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
 for h in $(find rpc transport -name '*.h' | sort); do
   install -D -m 644 "$h" "$prefix/include/rdmarpc/$h"
 done
+for h in rpc/health.pb.h rpc/health.rdmarpc.pb.h; do  # generated: the health service's messages
+  install -D -m 644 "$bin/$h" "$prefix/include/rdmarpc/$h"
+done
 # One archive for both layers (the rpc layer needs the transport layer).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf 'CREATE %s\nADDLIB %s\nADDLIB %s\nSAVE\nEND\n' "$tmp/librdmarpc.a" \
-  "$bin/rpc/librpc.a" "$bin/transport/libtransport.a" | ar -M
+printf 'CREATE %s\nADDLIB %s\nADDLIB %s\nADDLIB %s\nADDLIB %s\nSAVE\nEND\n' "$tmp/librdmarpc.a" \
+  "$bin/rpc/librpc.a" "$bin/transport/libtransport.a" "$bin/rpc/libhealth.a" \
+  "$bin/rpc/libhealth_proto.a" | ar -M
 install -m 644 "$tmp/librdmarpc.a" "$prefix/lib/librdmarpc.a"
 install -m 755 "$bin/tools/codegen/protoc-gen-rdmarpc" "$prefix/bin/protoc-gen-rdmarpc"
+install -m 755 "$bin/tools/cli/rdmarpc" "$prefix/bin/rdmarpc"
 cat >"$prefix/lib/pkgconfig/rdmarpc.pc" <<EOF
 prefix=$prefix
 includedir=\${prefix}/include/rdmarpc

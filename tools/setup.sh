@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   # build
   bazel-bootstrap g++ default-jdk-headless
-  libboost1.81-dev
+  libboost1.81-dev libboost-program-options1.81-dev
   libprotobuf-dev libprotoc-dev protobuf-compiler
   libspdlog-dev libfmt-dev
   libssl-dev

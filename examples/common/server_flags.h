@@ -16,7 +16,8 @@ namespace rdmarpc::examples {
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
   for (const char* name : {"max-connections", "max-concurrent-calls", "max-buffered-bytes",
-                           "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms"}) {
+                           "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms",
+                           "shutdown-grace-ms"}) {
     known[name] = true;
   }
   return known;
@@ -32,7 +33,10 @@ inline constexpr char kServerFlagsUsage[] =
     "  --idle-timeout-ms N       close a connection without calls for this long; clients\n"
     "                            reconnect when needed (300000; 0 = never)\n"
     "  --keepalive-ms N          ping a client silent this long (0 = off) ...\n"
-    "  --keepalive-timeout-ms N  ... and close it when nothing arrives within N ms (5000)\n";
+    "  --keepalive-timeout-ms N  ... and close it when nothing arrives within N ms (5000)\n"
+    "Shutdown (SIGTERM/SIGINT):\n"
+    "  --shutdown-grace-ms N     health turns NOT_SERVING at once; keep serving N ms more\n"
+    "                            before GOAWAY and drain, so load balancers move away (0)\n";
 
 // Sets the limits the flags name; a bad value sets flags.error().
 inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
@@ -49,6 +53,8 @@ inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
       flags.get_int("keepalive-ms", o.keepalive_interval.count(), 0, 86400000L));
   o.keepalive_timeout = std::chrono::milliseconds(
       flags.get_int("keepalive-timeout-ms", o.keepalive_timeout.count(), 1, 86400000L));
+  o.shutdown_grace = std::chrono::milliseconds(
+      flags.get_int("shutdown-grace-ms", o.shutdown_grace.count(), 0, 3600000L));
 }
 
 // Raises this process's open-file limit to the hard limit, as servers do (Go's runtime does it

@@ -10,6 +10,7 @@
 #include "examples/common/polling_flags.h"
 #include "examples/common/server_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
+#include "rpc/health.h"
 #include "rpc/rdmarpc.h"
 
 namespace {
@@ -86,11 +87,15 @@ int main(int argc, char** argv) {
   EchoService service;
   rdmarpc::examples::RaiseFileLimit();
   options.transport.auth_secret = secret;
+  // The built-in health service (`rdmarpc health TARGET [demo.Echo]`), NOT_SERVING from SIGTERM.
+  // Declared before the server, which must not outlive it.
+  rdmarpc::HealthService health;
   rdmarpc::Server server(options);
-  if (auto s = server.AddService(service); !s.ok()) {
+  if (auto s = server.AddService(service); !s.ok() || !(s = health.Attach(server)).ok()) {
     std::cerr << "echo_server: " << s.ToString() << "\n";
     return 1;
   }
+  health.SetServing("demo.Echo", true);
   for (const auto& uri : uris) {
     auto bound = server.Listen(uri);
     if (!bound.ok()) {

@@ -11,6 +11,7 @@
 #include "examples/common/server_flags.h"
 #include "examples/kv/engine.h"
 #include "examples/kv/kv_service.h"
+#include "rpc/health.h"
 #include "rpc/logging.h"
 #include "rpc/rdmarpc.h"
 
@@ -102,11 +103,15 @@ int main(int argc, char** argv) {
   {
     rdmarpc::examples::RaiseFileLimit();
     options.transport.auth_secret = secret;
+    // The built-in health service (`rdmarpc health TARGET [kv.KV]`), NOT_SERVING from SIGTERM.
+    // Declared before the server, which must not outlive it.
+    rdmarpc::HealthService health;
     rdmarpc::Server server(options);
-    if (auto s = server.AddService(service); !s.ok()) {
+    if (auto s = server.AddService(service); !s.ok() || !(s = health.Attach(server)).ok()) {
       std::cerr << "kv_server: " << s.ToString() << "\n";
       return 1;
     }
+    health.SetServing("kv.KV", true);
     for (const auto& uri : uris) {
       auto bound = server.Listen(uri);
       if (!bound.ok()) {

@@ -92,6 +92,12 @@ def main():
     w("")
     w("![latency](bench/latency.png) ![throughput](bench/throughput.png)")
     w("")
+    stuck = [r["mode"] for r in rdma if r.get("test") == "stuck_shutdown"]
+    if stuck:
+        w("**In this run a server in the VM did not exit within 30 s of SIGTERM** (polling mode: "
+          + ", ".join(stuck) + "); vm_bench.sh killed it and saved its threads' stacks in "
+          "docs/bench/stuck_server.MODE.txt.")
+        w("")
     w("## Targets")
     w("")
     w("The targets of issue 12 (the RDMA fast path) that this script measures. Not measured here "

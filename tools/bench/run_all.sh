@@ -87,5 +87,9 @@ bash tools/vm/rxe_vm.sh --timeout 900 --share "$res" -- bash tools/bench/vm_benc
 echo "== report"
 mkdir -p docs/bench
 cp "$res"/*.jsonl "$res"/*.top.txt docs/bench/
+if ls "$res"/stuck_server.*.txt >/dev/null 2>&1; then
+  cp "$res"/stuck_server.*.txt docs/bench/
+  echo "WARNING: a server did not exit on SIGTERM in the VM; stacks in docs/bench/stuck_server.*.txt"
+fi
 python3 tools/bench/report.py docs/bench docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md and docs/bench/"

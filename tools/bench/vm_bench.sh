@@ -19,6 +19,19 @@ perf_line() {  # tool size iters extra... -> the data line
   wait "$server" 2>/dev/null
 }
 
+# SIGTERM, and a server that has not exited 30 s later is recorded (with its threads' stacks in
+# $1/stuck_server.<mode>.txt) and killed, so that one stuck shutdown cannot eat the whole run.
+stop_server() {  # pid mode
+  kill "$1" 2>/dev/null
+  for _ in $(seq 150); do kill -0 "$1" 2>/dev/null || break; sleep 0.2; done
+  if kill -0 "$1" 2>/dev/null; then
+    echo "{\"kind\":\"rdmarpc\",\"test\":\"stuck_shutdown\",\"mode\":\"$2\"}" >> "$out"
+    gdb -p "$1" -batch -ex 'thread apply all bt 20' > "$(dirname "$out")/stuck_server.$2.txt" 2>&1
+    kill -9 "$1"
+  fi
+  wait "$1" 2>/dev/null
+}
+
 for size in 64 4096 65536 1048576; do
   iters=2000
   [ "$size" -ge 65536 ] && iters=200
@@ -62,7 +75,7 @@ for mode in busy-poll adaptive events; do
   s1=$(cpu "$server"); c1=$(cpu "$client")
   wait "$client"
   echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"idle_cpu\",\"seconds\":10,\"ticks\":$((s1 - s0)),\"client_ticks\":$((c1 - c0)),\"ticks_per_s\":$(getconf CLK_TCK)}" >> "$out"
-  kill "$server"; wait "$server" 2>/dev/null
+  stop_server "$server" "$mode"
 done
 
 # CPU cost per call over rdma://, as the host's TCP figure is measured: both sides under
