@@ -67,13 +67,14 @@ class ChannelCore final : public transport::ConnectionHandler,
     idle_goaway_ = false;
     on_demand_ = false;
     conn_->Start(shared_from_this());
-    handshake_timer_.expires_after(std::chrono::milliseconds(options_.transport.connect_timeout_ms));
+    handshake_timer_.expires_after(
+        std::chrono::milliseconds(options_.transport.connect_timeout_ms));
     std::weak_ptr<ChannelCore> weak = shared_from_this();
     handshake_timer_.async_wait([weak](boost::system::error_code ec) {
       auto self = weak.lock();
       if (ec || !self || self->state_ != State::kHandshaking || !self->conn_) return;
-      self->last_error_ = Status(StatusCode::kUnavailable,
-                                 "no SETTINGS from " + self->target_ + " within the connect timeout");
+      self->last_error_ = Status(StatusCode::kUnavailable, "no SETTINGS from " + self->target_ +
+                                                               " within the connect timeout");
       self->conn_->Close();
     });
   }
@@ -85,8 +86,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       co_await first_ready_.async_wait(asio::as_tuple(asio::use_awaitable));
     }
     if (state_ == State::kReady) co_return Status();
-    co_return last_error_.ok() ? Status(StatusCode::kUnavailable, "connection to " + target_ + " lost")
-                               : last_error_;
+    co_return last_error_.ok()
+        ? Status(StatusCode::kUnavailable, "connection to " + target_ + " lost")
+        : last_error_;
   }
 
   asio::awaitable<Status> Call(const MethodInfo& method,
@@ -130,7 +132,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     h.method_id = method.id;
     h.call_id = call_id;
     if (deadline != Clock::time_point::max()) {
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
       h.timeout_us = std::max<int64_t>(1, left.count());
     }
     internal::FrameWriter writer(h, options.metadata.empty() ? nullptr : &options.metadata,
@@ -138,7 +141,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     // The smaller of our limit and the one the server announced: a request over the server's
     // fails here, alone, instead of costing the connection every other call is using.
     size_t max_message = conn_->max_message_bytes();
-    if (server_max_message_ != 0 && server_max_message_ < max_message) max_message = server_max_message_;
+    if (server_max_message_ != 0 && server_max_message_ < max_message)
+      max_message = server_max_message_;
     if (writer.size() > max_message) {
       FreeSlot(index);
       WakeWaiters();
@@ -161,9 +165,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (status.code() == StatusCode::kUnimplemented &&
           status.message().rfind("unknown method id ", 0) == 0) {
         // The wire carries only the method's hash; we know its name (issue 14).
-        status = Status(StatusCode::kUnimplemented,
-                        "method " + std::string(method.full_name) + " is not served by " +
-                            target_ + " (" + status.message() + ")");
+        status = Status(StatusCode::kUnimplemented, "method " + std::string(method.full_name) +
+                                                        " is not served by " + target_ + " (" +
+                                                        status.message() + ")");
       }
       co_return status;
     }
@@ -225,7 +229,8 @@ class ChannelCore final : public transport::ConnectionHandler,
       return;
     }
     if (last_error_.ok() || state_ == State::kReady || state_ == State::kDraining) {
-      last_error_ = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + reason.message);
+      last_error_ =
+          Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + reason.message);
     }
     if (state_ != State::kShutdown) state_ = State::kDown;
     first_ready_.cancel();  // wakes Channel::Connect, if it waits
@@ -330,9 +335,9 @@ class ChannelCore final : public transport::ConnectionHandler,
                     "server " + target_ + " is going away" +
                         (goaway_ ? ": " + goaway_->message() : std::string()));
     }
-    return last_error_.ok() ? Status(StatusCode::kUnavailable, target_ + " is not connected")
-                            : Status(StatusCode::kUnavailable, last_error_.message() +
-                                                                   " (reconnecting)");
+    return last_error_.ok()
+               ? Status(StatusCode::kUnavailable, target_ + " is not connected")
+               : Status(StatusCode::kUnavailable, last_error_.message() + " (reconnecting)");
   }
 
   // After a wait: the reason to stop waiting (deadline, cancellation), or OK to try again.
@@ -355,7 +360,8 @@ class ChannelCore final : public transport::ConnectionHandler,
       const auto now = Clock::now();
       const auto room = Clock::time_point::max() - now;
       if (options.timeout < std::chrono::duration_cast<std::chrono::nanoseconds>(room)) {
-        deadline = std::min(deadline, now + std::chrono::duration_cast<Clock::duration>(options.timeout));
+        deadline =
+            std::min(deadline, now + std::chrono::duration_cast<Clock::duration>(options.timeout));
       }
     }
     return deadline;
@@ -363,12 +369,12 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   Status DeadlineStatus(const CallOptions& options) const {
     if (options.timeout.count() > 0) {
-      return Status(StatusCode::kDeadlineExceeded,
-                    "no reply from " + target_ + " within " +
-                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           options.timeout)
-                                           .count()) +
-                        " ms");
+      return Status(
+          StatusCode::kDeadlineExceeded,
+          "no reply from " + target_ + " within " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout).count()) +
+              " ms");
     }
     return Status(StatusCode::kDeadlineExceeded,
                   "no reply from " + target_ + " before the deadline");
@@ -540,12 +546,12 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (s.reply->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
         s.status = Status();
       } else {
-        s.status = Status(StatusCode::kInternal,
-                          "reply does not parse as " + s.reply->GetTypeName());
+        s.status =
+            Status(StatusCode::kInternal, "reply does not parse as " + s.reply->GetTypeName());
       }
     } else {
-      s.status = Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
-                                          f.payload.size()));
+      s.status = Status(
+          code, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
     }
     s.done = true;
     Resume(s);
@@ -602,8 +608,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     if (state_ != State::kReady) return;
     state_ = State::kDraining;
-    last_error_ = Status(StatusCode::kUnavailable, "server " + target_ + " is going away: " +
-                                                       goaway_->message());
+    last_error_ = Status(StatusCode::kUnavailable,
+                         "server " + target_ + " is going away: " + goaway_->message());
     WakeWaiters();
     if (in_flight_ == 0) conn_->Close();
   }
@@ -671,9 +677,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       // completion handler owns the signal: it must outlive the coroutine's completion.
       auto cancel = std::make_shared<asio::cancellation_signal>();
       self->reconnect_cancel_ = cancel;
-      asio::co_spawn(self->executor_, Reconnect(weak),
-                     asio::bind_cancellation_slot(cancel->slot(),
-                                                  [cancel](const std::exception_ptr&) {}));
+      asio::co_spawn(
+          self->executor_, Reconnect(weak),
+          asio::bind_cancellation_slot(cancel->slot(), [cancel](const std::exception_ptr&) {}));
     });
   }
 
@@ -741,7 +747,9 @@ class ChannelCore final : public transport::ConnectionHandler,
 
 Channel::Channel(std::string target, transport::Executor ex,
                  std::shared_ptr<internal::ChannelCore> core, std::shared_ptr<EventLoopThread> loop)
-    : target_(std::move(target)), executor_(std::move(ex)), core_(std::move(core)),
+    : target_(std::move(target)),
+      executor_(std::move(ex)),
+      core_(std::move(core)),
       own_loop_(std::move(loop)) {}
 
 Channel::~Channel() {

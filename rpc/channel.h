@@ -67,8 +67,8 @@ class Channel {
   // run by a single thread. Fails with UNAVAILABLE when the server cannot be reached or refuses
   // us (the reason says which, e.g. a wrong secret), RESOURCE_EXHAUSTED when the server is at its
   // connection limit.
-  static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(
-      std::string uri, ChannelOptions options);
+  static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(std::string uri,
+                                                                          ChannelOptions options);
   // (An overload, not a default argument: GCC 12 destroys a coroutine's defaulted class-type
   // argument twice.)
   static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(std::string uri) {

@@ -29,13 +29,20 @@ T Get(const std::byte* src) {
 
 const char* FrameTypeName(FrameType t) {
   switch (t) {
-    case FrameType::kRequest: return "REQUEST";
-    case FrameType::kResponse: return "RESPONSE";
-    case FrameType::kCancel: return "CANCEL";
-    case FrameType::kPing: return "PING";
-    case FrameType::kPong: return "PONG";
-    case FrameType::kGoAway: return "GOAWAY";
-    case FrameType::kSettings: return "SETTINGS";
+    case FrameType::kRequest:
+      return "REQUEST";
+    case FrameType::kResponse:
+      return "RESPONSE";
+    case FrameType::kCancel:
+      return "CANCEL";
+    case FrameType::kPing:
+      return "PING";
+    case FrameType::kPong:
+      return "PONG";
+    case FrameType::kGoAway:
+      return "GOAWAY";
+    case FrameType::kSettings:
+      return "SETTINGS";
   }
   return "UNKNOWN";
 }

@@ -39,10 +39,10 @@ enum class FrameType : uint8_t {
 struct FrameHeader {
   FrameType type = FrameType::kRequest;
   uint8_t flags = 0;
-  uint32_t method_id = 0;     // requests: which method; else 0
-  uint64_t call_id = 0;       // chosen by the caller, echoed in the response
-  uint64_t timeout_us = 0;    // requests: remaining deadline budget; 0 = no deadline
-  uint32_t status = 0;        // responses: StatusCode
+  uint32_t method_id = 0;   // requests: which method; else 0
+  uint64_t call_id = 0;     // chosen by the caller, echoed in the response
+  uint64_t timeout_us = 0;  // requests: remaining deadline budget; 0 = no deadline
+  uint32_t status = 0;      // responses: StatusCode
   uint32_t metadata_bytes = 0;
 };
 
@@ -75,7 +75,8 @@ const char* FrameTypeName(FrameType t);
 inline constexpr uint64_t kMaxBudgetUs = 100ull * 365 * 24 * 3600 * 1000000;
 inline std::chrono::steady_clock::time_point DeadlineFromBudget(
     uint64_t timeout_us, std::chrono::steady_clock::time_point now) {
-  if (timeout_us == 0 || timeout_us > kMaxBudgetUs) return std::chrono::steady_clock::time_point::max();
+  if (timeout_us == 0 || timeout_us > kMaxBudgetUs)
+    return std::chrono::steady_clock::time_point::max();
   return now + std::chrono::microseconds(static_cast<int64_t>(timeout_us));
 }
 

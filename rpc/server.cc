@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -17,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cerrno>
 #include <future>
 #include <optional>
 #include <thread>
@@ -111,7 +111,8 @@ class HandlerPool {
 
 struct IoThread {
   asio::io_context ioc{1};
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{ioc.get_executor()};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{
+      ioc.get_executor()};
   // After ioc: destroyed before it.
   HandlerPool handlers{ioc.get_executor()};
   std::thread thread;
@@ -207,9 +208,8 @@ class ServerConnection final : public transport::ConnectionHandler,
                         "server is at its limit of " + std::to_string(max) + " connections"));
       conn_->PauseReceiving();
       auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));
-      timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
-        self->Close();
-      });
+      timer->async_wait(
+          [self = shared_from_this(), timer](boost::system::error_code) { self->Close(); });
       return;
     }
     counted_ = true;
@@ -221,8 +221,8 @@ class ServerConnection final : public transport::ConnectionHandler,
     EncodeSettings(settings, payload);
     FrameHeader h;
     h.type = FrameType::kSettings;
-    conn_->Send(FrameWriter(
-        h, std::string_view(reinterpret_cast<const char*>(payload), sizeof payload)));
+    conn_->Send(
+        FrameWriter(h, std::string_view(reinterpret_cast<const char*>(payload), sizeof payload)));
     std::weak_ptr<ServerConnection> weak = shared_from_this();
     keepalive_.Start(
         weak, core_->options.keepalive_interval, core_->options.keepalive_timeout,
@@ -406,7 +406,8 @@ class ServerConnection final : public transport::ConnectionHandler,
   // call is one counter increment.
   void WatchIdle() {
     const auto period = core_->options.idle_timeout / 2;
-    idle_timer_.expires_after(std::max<std::chrono::milliseconds>(period, std::chrono::milliseconds(1)));
+    idle_timer_.expires_after(
+        std::max<std::chrono::milliseconds>(period, std::chrono::milliseconds(1)));
     std::weak_ptr<ServerConnection> weak = shared_from_this();
     idle_timer_.async_wait([weak](boost::system::error_code ec) {
       auto self = weak.lock();
@@ -429,10 +430,11 @@ class ServerConnection final : public transport::ConnectionHandler,
       spdlog::debug("server: {} idle for {} ms; sending GOAWAY", *peer_,
                     core_->options.idle_timeout.count());
       idle_goaway_ = true;
-      SendGoAway(Status(StatusCode::kUnavailable,
-                        "connection idle for " + std::to_string(core_->options.idle_timeout.count()) +
-                            " ms; reconnect when needed"),
-                 kGoAwayFlagIdle);
+      SendGoAway(
+          Status(StatusCode::kUnavailable, "connection idle for " +
+                                               std::to_string(core_->options.idle_timeout.count()) +
+                                               " ms; reconnect when needed"),
+          kGoAwayFlagIdle);
       // Our channels close at once on an idle GOAWAY; a call that crossed it is still served.
       // Whoever is still here after the grace period is closed by the next ticks.
       quiet_ticks_ = 0;
@@ -505,15 +507,15 @@ class ServerConnection final : public transport::ConnectionHandler,
   Keepalive keepalive_;
   asio::steady_timer idle_timer_;
   uint64_t pings_ = 0;
-  uint32_t calls_ = 0;        // running on this connection
-  size_t held_bytes_ = 0;     // request bytes of the running calls
+  uint32_t calls_ = 0;     // running on this connection
+  size_t held_bytes_ = 0;  // request bytes of the running calls
   uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
   int quiet_ticks_ = 0;
-  bool counted_ = false;      // served (false: turned away at the connection limit)
+  bool counted_ = false;  // served (false: turned away at the connection limit)
   bool goaway_sent_ = false;
   bool idle_goaway_ = false;
-  bool paused_ = false;       // receiving paused by Throttle
-  bool broken_ = false;       // protocol error: closing once its calls are done
+  bool paused_ = false;            // receiving paused by Throttle
+  bool broken_ = false;            // protocol error: closing once its calls are done
   CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
 };
 
@@ -536,9 +538,9 @@ Status Server::AddService(Service& service) {
   for (const MethodEntry& m : service.rdmarpc_methods()) {
     auto it = core_->methods.find(m.info.id);
     if (it != core_->methods.end()) {
-      return Status(StatusCode::kAlreadyExists,
-                    "method " + std::string(m.info.full_name) + " has the same id as " +
-                        std::string(it->second.second->info.full_name));
+      return Status(StatusCode::kAlreadyExists, "method " + std::string(m.info.full_name) +
+                                                    " has the same id as " +
+                                                    std::string(it->second.second->info.full_name));
     }
   }
   for (const MethodEntry& m : service.rdmarpc_methods()) {

@@ -65,7 +65,8 @@ class Result {
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
   // `status` must not be OK: an OK Result carries a value.
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
-    if (status_.ok()) status_ = Status(StatusCode::kInternal, "Result built from OK without a value");
+    if (status_.ok())
+      status_ = Status(StatusCode::kInternal, "Result built from OK without a value");
   }
 
   bool ok() const { return value_.has_value(); }

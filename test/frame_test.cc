@@ -1,10 +1,10 @@
 // The frame codec: round trips, and rejection of truncated or garbled input.
-#include <catch2/catch.hpp>
+#include "rpc/frame.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
-#include "rpc/frame.h"
 #include "transport/uri.h"
 
 using namespace rdmarpc;

@@ -1,12 +1,11 @@
 // The connection handshake without a network: HMAC-SHA256 against RFC 4231's vectors, the HELLO
 // and ANSWER codecs, and the challenge-response rules (mutual proof, no replay, no reuse across
 // servers or after expiry). The same exchange runs over real TCP and RDMA in reliability_test.
-#include <catch2/catch.hpp>
+#include "transport/handshake.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
-
-#include "transport/handshake.h"
 
 using namespace rdmarpc::transport;
 
@@ -94,7 +93,8 @@ TEST_CASE("a HELLO round-trips through its 56 bytes", "[handshake]") {
   CHECK(RefusalForBadHello(bad, sizeof bad) == Refusal::kServerError);
   std::memcpy(bad, buf, sizeof bad);
   bad[4] = 2;  // the previous version (a static token) is refused by version, not misread
-  CHECK_THAT(DecodeHello(bad, sizeof bad, &back), Catch::Contains("unsupported handshake version 2"));
+  CHECK_THAT(DecodeHello(bad, sizeof bad, &back),
+             Catch::Contains("unsupported handshake version 2"));
   CHECK(RefusalForBadHello(bad, sizeof bad) == Refusal::kBadVersion);
   std::memcpy(bad, buf, sizeof bad);
   bad[7] = 0x80;  // unknown flag

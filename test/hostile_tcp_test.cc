@@ -13,9 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -290,8 +289,8 @@ TEST_CASE("reads that end inside a length prefix do not grow the read buffer",
 
 TEST_CASE("a connection that trickles one byte and never completes a frame is closed",
           "[hostile][tcp][idle]") {
-  auto [server, uri] = StartServer(
-      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--idle-timeout-ms", "500"});
+  auto [server, uri] =
+      StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--idle-timeout-ms", "500"});
   int fd = RawClient(PortOf(uri));
   REQUIRE(send(fd, "\x40", 1, MSG_NOSIGNAL) == 1);  // the first byte of a length prefix
   const auto t0 = std::chrono::steady_clock::now();

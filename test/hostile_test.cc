@@ -6,13 +6,12 @@
 // a server process's memory are in hostile_tcp_test.cc; raw verbs attacks in rdma_garbage_test.
 #include <signal.h>
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <catch2/catch.hpp>
 #include <thread>
 
 #include "test/raw_peer.h"
@@ -133,14 +132,13 @@ TEST_CASE("deadline budgets too large for the clock mean no deadline, not one in
           "[hostile][deadline]") {
   auto listen = GENERATE(from_range(ListenUris()));
   TestServer ts(listen);
-  const uint64_t budgets[] = {~uint64_t(0), (uint64_t(1) << 63) / 1000 + 1,
-                              uint64_t(1) << 63};
+  const uint64_t budgets[] = {~uint64_t(0), (uint64_t(1) << 63) / 1000 + 1, uint64_t(1) << 63};
   auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
     auto [conn, peer] = co_await RawConnect(ts.uri);
     for (int i = 0; i < 3; ++i) conn->Send(Bytes(EchoRequestFrame(i + 1, budgets[i], "b")));
     conn->Send(Bytes(EchoRequestFrame(4, 1500000, "b")));  // an ordinary 1.5 s budget
-    co_await WaitUntil(
-        [&] { return FramesWithPayload(*peer, FrameType::kResponse).size() == 4; }, 10000ms);
+    co_await WaitUntil([&] { return FramesWithPayload(*peer, FrameType::kResponse).size() == 4; },
+                       10000ms);
     conn->Close();
     co_return peer;
   }());
@@ -230,8 +228,7 @@ TEST_CASE("a request over the server's message limit fails alone; other calls go
   CHECK(results[2].ok());
 }
 
-TEST_CASE("idle connections are closed; a channel reconnects on its next call",
-          "[hostile][idle]") {
+TEST_CASE("idle connections are closed; a channel reconnects on its next call", "[hostile][idle]") {
   auto listen = GENERATE(from_range(ListenUris()));
   ServerOptions so{.io_threads = 1};
   so.idle_timeout = 300ms;

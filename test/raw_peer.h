@@ -90,8 +90,8 @@ inline std::vector<std::pair<FrameHeader, std::string>> FramesWithPayload(const 
     DecodedFrame f;
     if (DecodeFrame(std::as_bytes(std::span(m.data(), m.size())), &f).empty() &&
         f.header.type == type) {
-      out.emplace_back(f.header, std::string(reinterpret_cast<const char*>(f.payload.data()),
-                                             f.payload.size()));
+      out.emplace_back(
+          f.header, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
     }
   }
   return out;

@@ -8,6 +8,7 @@
 // bound to its connection's QP), and one that takes no replies and ignores credit (closed once
 // past it, with the server's memory bounded by its per-connection budget).
 #include <arpa/inet.h>
+#include <endian.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
@@ -16,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <endian.h>
 #include <memory>
 #include <thread>
 
@@ -55,8 +55,8 @@ class RawVerbsPeer {
     if (rc) Fail("rdma_create_ep");
     ring_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, kRing)));
     std::memset(ring_.get(), 0, kRing);
-    ring_mr_ = ibv_reg_mr(id_->pd, ring_.get(), kRing,
-                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ring_mr_ =
+        ibv_reg_mr(id_->pd, ring_.get(), kRing, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     send_mr_ = ibv_reg_mr(id_->pd, send_, sizeof send_, IBV_ACCESS_LOCAL_WRITE);
     if (!ring_mr_ || !send_mr_) Fail("ibv_reg_mr");
     // The server writes SETTINGS (and credits) with immediate data: each needs a receive.
@@ -301,7 +301,8 @@ TEST_CASE("a client cannot write into another client's receive ring, even with i
   // The attacker knows the victim's ring address and rkey exactly (better than any guess) and
   // writes a PING where the victim's first record would go.
   const uint32_t bytes = attacker.SetPing(666);
-  const ibv_wc_status st = attacker.WriteTo(victim.remote_addr(), victim.remote_rkey(), 0, bytes, 0);
+  const ibv_wc_status st =
+      attacker.WriteTo(victim.remote_addr(), victim.remote_rkey(), 0, bytes, 0);
   INFO("the attacker's write completed with " << ibv_wc_status_str(st));
   CHECK(st == IBV_WC_REM_ACCESS_ERR);
   // The victim is served as if nothing happened: its own PING is answered, and nothing of the
@@ -315,14 +316,16 @@ TEST_CASE("a client cannot write into another client's receive ring, even with i
   CHECK(TestService::BlockingStub(*good).Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
-TEST_CASE("a client that takes no replies and writes past its credit is closed; memory stays bounded",
-          "[rdma][backpressure]") {
+TEST_CASE(
+    "a client that takes no replies and writes past its credit is closed; memory stays bounded",
+    "[rdma][backpressure]") {
   const std::string listen = RdmaUri();
   REQUIRE_FALSE(listen.empty());
   InitLogging("", "info");
   ServerOptions so{.io_threads = 1};
   // A small budget, and the default one (16 MiB).
-  const size_t budget = GENERATE(size_t{256 * 1024}, ServerOptions{}.max_buffered_bytes_per_connection);
+  const size_t budget =
+      GENERATE(size_t{256 * 1024}, ServerOptions{}.max_buffered_bytes_per_connection);
   so.max_buffered_bytes_per_connection = budget;
   TestServer ts(listen, so);
   auto good = Channel::ConnectBlocking(ts.uri);
@@ -347,8 +350,10 @@ TEST_CASE("a client that takes no replies and writes past its credit is closed; 
     if (written % 256 == 0) rss_peak = std::max(rss_peak, RssMiB());
   }
   // This process is the server (and the raw peer, whose memory is fixed: its 1 MiB ring).
-  std::printf("RSS rdma PINGs without credit, budget %zu KiB: start %.1f MiB, peak %.1f MiB, "
-              "%d records\n", budget / 1024, rss_start, rss_peak, written);
+  std::printf(
+      "RSS rdma PINGs without credit, budget %zu KiB: start %.1f MiB, peak %.1f MiB, "
+      "%d records\n",
+      budget / 1024, rss_start, rss_peak, written);
   INFO("records written before the server closed the connection: " << written);
   CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));

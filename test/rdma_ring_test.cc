@@ -1,7 +1,6 @@
 // The ring protocol's bookkeeping (credits, skips at the end, bounds checks), without a NIC.
 // The same rules run on the real verbs path in the Soft-RoCE VM suite.
 #include <catch2/catch.hpp>
-
 #include <deque>
 #include <random>
 

@@ -1,12 +1,11 @@
 // The TCP stream reassembler's memory bound (transport/tcp/reassembler.h), read pattern by read
 // pattern: what a peer announces costs nothing until it arrives, and reads that stop inside a
 // length prefix never make the buffer grow (they used to double it without end).
-#include <catch2/catch.hpp>
+#include "transport/tcp/reassembler.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
-
-#include "transport/tcp/reassembler.h"
 
 using rdmarpc::transport::tcp::StreamReassembler;
 
@@ -66,7 +65,8 @@ TEST_CASE("back-to-back large messages reuse the grown buffer instead of regrowi
   CHECK(r.capacity() >= big.size());
   // In reads of 64 KiB, as a socket would deliver them, with a small message in between.
   for (int i = 0; i < 20; ++i) {
-    for (size_t at = 0; at < big.size(); at += 65536) CHECK(Feed(r, big.substr(at, 65536)) == (at + 65536 >= big.size() ? 1u : 0u));
+    for (size_t at = 0; at < big.size(); at += 65536)
+      CHECK(Feed(r, big.substr(at, 65536)) == (at + 65536 >= big.size() ? 1u : 0u));
     CHECK(Feed(r, Message(100)) == 1);
   }
   CHECK(r.reallocations() == grown);  // it used to shrink and regrow (copying) for every one

@@ -2,12 +2,11 @@
 // (tcp on the host; rdma in the Soft-RoCE VM suite): authentication, connection and concurrency
 // limits, GOAWAY on shutdown, reconnect with backoff and wait-for-ready, server-side keepalive,
 // deadline inheritance in nested calls, and peers that send garbage through a real transport.
-#include <catch2/catch.hpp>
-
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>
 
@@ -21,7 +20,6 @@ namespace asio = boost::asio;
 using namespace rdmarpc;
 using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
-
 
 TEST_CASE("authentication: a wrong or missing secret is refused before any call runs",
           "[reliability][auth]") {
@@ -163,7 +161,8 @@ TEST_CASE("a client that ignores SETTINGS gets RESOURCE_EXHAUSTED for calls over
 TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no error storm",
           "[reliability][shutdown]") {
   auto listen = GENERATE(from_range(ListenUris()));
-  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 5s});
+  auto ts =
+      std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 5s});
   ChannelOptions co;
   co.reconnect_backoff_initial = 50ms;
   auto ch = Channel::ConnectBlocking(ts->uri, co);
@@ -204,7 +203,8 @@ TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no 
 TEST_CASE("a channel reconnects after its server restarts; wait_for_ready calls ride it out",
           "[reliability][reconnect]") {
   auto listen = GENERATE(from_range(ListenUris()));
-  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 1s});
+  auto ts =
+      std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 1s});
   const std::string uri = ts->uri;  // the restarted server takes the same port
   ChannelOptions co;
   co.reconnect_backoff_initial = 50ms;
@@ -377,8 +377,9 @@ TEST_CASE("a slow host-name lookup does not stall other channels on the same I/O
           "[.][resolve]") {
   const char* slow_host = std::getenv("RDMARPC_TEST_SLOW_HOST");
   if (slow_host == nullptr || *slow_host == '\0') {
-    FAIL("RDMARPC_TEST_SLOW_HOST is not set: this case needs the slow name server of "
-         "test/rdma_vm_test.sh");
+    FAIL(
+        "RDMARPC_TEST_SLOW_HOST is not set: this case needs the slow name server of "
+        "test/rdma_vm_test.sh");
   }
   auto listen = GENERATE(from_range(ListenUris()));
   INFO("listen " << listen);
@@ -422,18 +423,17 @@ TEST_CASE("a slow host-name lookup does not stall other channels on the same I/O
     ChannelOptions co;
     co.transport.connect_timeout_ms = 20000;
     auto slow = co_await Channel::Connect(slow_uri, co);
-    o.lookup_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::steady_clock::now() - t0)
-                      .count();
+    o.lookup_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     o.lookup = slow.ok() ? Status() : slow.status();
     looking_up = false;
     // The last call in flight finishes before the stub and `o` go out of scope.
     co_await WaitUntil([&] { return pinger_done; }, 15000ms);
     co_return o;
   }());
-  INFO("lookup took " << out.lookup_ms << " ms: " << out.lookup.ToString() << "; "
-                      << out.calls << " calls meanwhile, the slowest " << out.worst_call_ms
-                      << " ms");
+  INFO("lookup took " << out.lookup_ms << " ms: " << out.lookup.ToString() << "; " << out.calls
+                      << " calls meanwhile, the slowest " << out.worst_call_ms << " ms");
   // The lookup must really have been slow (else this case proves nothing) and must fail with
   // the resolver's answer, not hang.
   CHECK(out.lookup_ms >= 1000);

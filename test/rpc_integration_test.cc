@@ -1,14 +1,13 @@
 // End-to-end behaviour of Server, Channel and generated stubs, over every transport in
 // ListenUris() (tcp here; tcp and rdma inside the Soft-RoCE VM).
-#include <catch2/catch.hpp>
-
 #include <atomic>
-#include <mutex>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
+#include <catch2/catch.hpp>
+#include <mutex>
 #include <thread>
 
 #include "rpc/health.h"
@@ -262,7 +261,8 @@ TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel ke
 
 TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdown]") {
   auto listen = GENERATE(from_range(ListenUris()));
-  auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 2, .drain_timeout = 3s});
+  auto ts =
+      std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 2, .drain_timeout = 3s});
   auto ch = Channel::ConnectBlocking(ts->uri);
   REQUIRE(ch.ok());
   const int kCalls = 50;
@@ -274,9 +274,12 @@ TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdo
       SleepRequest req;
       req.set_ms(300);
       auto r = stub.Sleep(req, {.timeout = 10s});
-      if (r.ok()) ++ok;
-      else if (r.status().code() == StatusCode::kUnavailable) ++unavailable;
-      else ++other;
+      if (r.ok())
+        ++ok;
+      else if (r.status().code() == StatusCode::kUnavailable)
+        ++unavailable;
+      else
+        ++other;
     });
   }
   std::this_thread::sleep_for(100ms);

@@ -4,7 +4,6 @@
 // `bazel test`), so that tools/test.sh can count test cases rather than test binaries.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -16,11 +15,20 @@ std::string XmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -36,8 +44,9 @@ struct JunitListener : Catch::TestEventListenerBase {
   };
 
   void testCaseEnded(const Catch::TestCaseStats& stats) override {
-    cases_.push_back({stats.testInfo.name, stats.totals.assertions.failed > 0 ||
-                                               stats.totals.testCases.failed > 0, 0.0});
+    cases_.push_back({stats.testInfo.name,
+                      stats.totals.assertions.failed > 0 || stats.totals.testCases.failed > 0,
+                      0.0});
   }
 
   void testRunEnded(const Catch::TestRunStats&) override {

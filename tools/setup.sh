@@ -22,6 +22,8 @@ PACKAGES=(
   iproute2
   # fuzzing (tools/fuzz): clang with libFuzzer and the sanitizer runtimes
   clang libclang-rt-14-dev
+  # formatting check (tools/format.sh --check, in tools/test.sh)
+  clang-format
   # Soft-RoCE VM runner
   qemu-system-x86 busybox-static kmod cpio
 )

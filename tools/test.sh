@@ -3,8 +3,8 @@
 # the Soft-RoCE VM suite (the RDMA tests run inside a qemu guest; see tools/vm/).
 # Then it builds and tests the two examples of using rdmarpc from outside: examples/consumer (a
 # Bazel workspace depending on @rdmarpc) and examples/cmake (tools/install.sh + pkg-config), and
-# checks that the README's complete examples are those files.
-# Prints "N passed, N failed" (Catch2 test cases, summed over every test target, plus those three)
+# checks that the README's complete examples are those files and that the C++ is clang-formatted.
+# Prints "N passed, N failed" (Catch2 test cases, summed over every test target, plus those four)
 # on a line of its own and exits non-zero on any failure. Extra arguments go to `bazel test`.
 set -uo pipefail
 case "${1:-}" in
@@ -85,6 +85,7 @@ cmake_consumer() {  # tools/install.sh, then examples/cmake through pkg-config
   bash examples/consumer/greeter/greeter_test.sh "$work/cmake"
 }
 outside readme_examples bash test/readme_examples_test.sh
+outside clang_format bash tools/format.sh --check
 outside consumer_workspace consumer_workspace
 outside install_and_cmake cmake_consumer
 rm -rf "$work"

@@ -60,18 +60,18 @@ void EncodeHello(const Hello& h, uint8_t* out);  // writes kHelloBytes
 std::string DecodeHello(const void* data, size_t len, Hello* out);
 
 enum class Refusal : uint16_t {
-  kNone = 0,          // accepted
-  kBadSecret = 1,     // the server wants a secret and the HELLO had none or another
-  kBadVersion = 2,    // the server does not speak the client's handshake version
-  kServerError = 3,   // the server could not set the connection up
-  kChallenge = 4,     // not a refusal: prove the secret against Answer::challenge
-  kBusy = 5,          // the server is out of connections or descriptors: RESOURCE_EXHAUSTED
+  kNone = 0,         // accepted
+  kBadSecret = 1,    // the server wants a secret and the HELLO had none or another
+  kBadVersion = 2,   // the server does not speak the client's handshake version
+  kServerError = 3,  // the server could not set the connection up
+  kChallenge = 4,    // not a refusal: prove the secret against Answer::challenge
+  kBusy = 5,         // the server is out of connections or descriptors: RESOURCE_EXHAUSTED
 };
 
 struct Answer {
   Refusal code = Refusal::kNone;
-  Nonce challenge{};   // kChallenge
-  ServerProof proof{}; // kNone, when the client wants auth and the server has a secret
+  Nonce challenge{};    // kChallenge
+  ServerProof proof{};  // kNone, when the client wants auth and the server has a secret
 };
 
 // What to answer a HELLO that DecodeHello rejected: kBadVersion when it is an rdmarpc HELLO of

@@ -15,9 +15,9 @@ namespace rdmarpc::examples {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
-  for (const char* name : {"max-connections", "max-concurrent-calls", "max-buffered-bytes",
-                           "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms",
-                           "shutdown-grace-ms"}) {
+  for (const char* name :
+       {"max-connections", "max-concurrent-calls", "max-buffered-bytes", "idle-timeout-ms",
+        "keepalive-ms", "keepalive-timeout-ms", "shutdown-grace-ms"}) {
     known[name] = true;
   }
   return known;
@@ -40,13 +40,12 @@ inline constexpr char kServerFlagsUsage[] =
 
 // Sets the limits the flags name; a bad value sets flags.error().
 inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
-  o.max_connections = static_cast<uint32_t>(
-      flags.get_int("max-connections", o.max_connections, 0, 10000000));
-  o.max_concurrent_calls_per_connection = static_cast<uint32_t>(flags.get_int(
-      "max-concurrent-calls", o.max_concurrent_calls_per_connection, 0, 10000000));
+  o.max_connections =
+      static_cast<uint32_t>(flags.get_int("max-connections", o.max_connections, 0, 10000000));
+  o.max_concurrent_calls_per_connection = static_cast<uint32_t>(
+      flags.get_int("max-concurrent-calls", o.max_concurrent_calls_per_connection, 0, 10000000));
   o.max_buffered_bytes_per_connection = static_cast<size_t>(flags.get_int(
-      "max-buffered-bytes", static_cast<long>(o.max_buffered_bytes_per_connection), 0,
-      1L << 40));
+      "max-buffered-bytes", static_cast<long>(o.max_buffered_bytes_per_connection), 0, 1L << 40));
   o.idle_timeout = std::chrono::milliseconds(
       flags.get_int("idle-timeout-ms", o.idle_timeout.count(), 0, 86400000L * 365));
   o.keepalive_interval = std::chrono::milliseconds(

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -95,15 +95,15 @@ boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, l
     ++out.ok;
     if (!cfg.quiet) {
       std::cout << "sent \"" << req.message() << "\" -> got \"" << r->message() << "\" from "
-                << r->served_by() << " in "
-                << static_cast<long>(out.latencies_us.back()) << " us" << std::endl;
+                << r->served_by() << " in " << static_cast<long>(out.latencies_us.back()) << " us"
+                << std::endl;
     }
   }
 }
 
 boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(cfg.connect_retry_ms);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.connect_retry_ms);
   auto channel = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
   while (!channel.ok() && std::chrono::steady_clock::now() < deadline) {
     boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
@@ -136,12 +136,20 @@ boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
 int main(int argc, char** argv) {
   rdmarpc::examples::Flags flags(
       argc, argv,
-      rdmarpc::examples::WithPollingFlags(
-          {{"target", true}, {"message", true}, {"count", true}, {"concurrency", true},
-           {"payload-bytes", true}, {"timeout-ms", true}, {"connect-retry-ms", true},
-           {"quiet", false}, {"log-level", true}, {"auth-secret-file", true},
-           {"keepalive-ms", true}, {"keepalive-timeout-ms", true}, {"stop-on-error", false},
-           {"help", false}}));
+      rdmarpc::examples::WithPollingFlags({{"target", true},
+                                           {"message", true},
+                                           {"count", true},
+                                           {"concurrency", true},
+                                           {"payload-bytes", true},
+                                           {"timeout-ms", true},
+                                           {"connect-retry-ms", true},
+                                           {"quiet", false},
+                                           {"log-level", true},
+                                           {"auth-secret-file", true},
+                                           {"keepalive-ms", true},
+                                           {"keepalive-timeout-ms", true},
+                                           {"stop-on-error", false},
+                                           {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -182,7 +190,9 @@ int main(int argc, char** argv) {
   std::sort(lat.begin(), lat.end());
   double p50 = lat.empty() ? 0 : lat[lat.size() / 2];
   double p99 = lat.empty() ? 0 : lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
-  std::printf("echo_client: %ld ok, %ld failed in %.3f s (%.0f calls/s); latency p50 %.1f us, p99 %.1f us\n",
-              out.ok, out.failed, secs, out.ok / secs, p50, p99);
+  std::printf(
+      "echo_client: %ld ok, %ld failed in %.3f s (%.0f calls/s); latency p50 %.1f us, p99 %.1f "
+      "us\n",
+      out.ok, out.failed, secs, out.ok / secs, p50, p99);
   return out.exit_code;
 }

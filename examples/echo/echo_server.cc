@@ -60,9 +60,14 @@ class EchoService final : public demo::Echo::Service {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags(rdmarpc::examples::WithPollingFlags(
-                                  {{"listen", true}, {"threads", true}, {"log-level", true},
-                                   {"auth-secret-file", true}, {"help", false}})));
+  rdmarpc::examples::Flags flags(
+      argc, argv,
+      rdmarpc::examples::WithServerFlags(
+          rdmarpc::examples::WithPollingFlags({{"listen", true},
+                                               {"threads", true},
+                                               {"log-level", true},
+                                               {"auth-secret-file", true},
+                                               {"help", false}})));
   if (flags.has("help")) {
     std::cout << Usage();
     return 0;

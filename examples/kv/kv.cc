@@ -149,8 +149,8 @@ asio::awaitable<int> Run(Args a) {
   if (a.command != "info") {
     for (size_t i = 0; i < client.targets().size(); ++i) {
       if (!client.shard_down(i).ok()) {
-        std::cerr << "kv: warning: " << client.targets()[i]
-                  << " is down (" << client.shard_down(i).message()
+        std::cerr << "kv: warning: " << client.targets()[i] << " is down ("
+                  << client.shard_down(i).message()
                   << "); calls for its keys fail with UNAVAILABLE\n";
       }
     }

@@ -43,14 +43,15 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithServerFlags({{"listen", true},
-                                  {"threads", true},
-                                  {"engine", true},
-                                  {"data-dir", true},
-                                  {"sync", false},
-                                  {"log-level", true},
-                                  {"auth-secret-file", true},
-                                  {"help", false}}));
+  rdmarpc::examples::Flags flags(argc, argv,
+                                 rdmarpc::examples::WithServerFlags({{"listen", true},
+                                                                     {"threads", true},
+                                                                     {"engine", true},
+                                                                     {"data-dir", true},
+                                                                     {"sync", false},
+                                                                     {"log-level", true},
+                                                                     {"auth-secret-file", true},
+                                                                     {"help", false}}));
   if (flags.has("help")) {
     std::string usage = kUsage;
     std::cout << usage << "\n" << rdmarpc::examples::kServerFlagsUsage;

@@ -416,10 +416,10 @@ int RunClient(const ClientConfig& cfg) {
         us(0.5).c_str(), us(0.9).c_str(), us(0.99).c_str(), us(0.999).c_str(),
         Fixed(h.max() / 1000.0, 1).c_str());
     if (cfg.verify) {
-      std::printf("  verified: %lu mismatched; RSS client %.1f -> %.1f MiB, server %.1f -> %.1f MiB\n",
-                  static_cast<unsigned long>(mismatched), client_rss_start / 1048576.0,
-                  client_rss_end / 1048576.0, server_rss_start / 1048576.0,
-                  server_rss_end / 1048576.0);
+      std::printf(
+          "  verified: %lu mismatched; RSS client %.1f -> %.1f MiB, server %.1f -> %.1f MiB\n",
+          static_cast<unsigned long>(mismatched), client_rss_start / 1048576.0,
+          client_rss_end / 1048576.0, server_rss_start / 1048576.0, server_rss_end / 1048576.0);
     }
     if (!error.empty()) std::printf("  first error: %s\n", error.c_str());
   }
@@ -429,25 +429,26 @@ int RunClient(const ClientConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv, rdmarpc::examples::WithPollingFlags({
-                                  {"server", false},
-                                  {"listen", true},
-                                  {"target", true},
-                                  {"connections", true},
-                                  {"depth", true},
-                                  {"request-bytes", true},
-                                  {"response-bytes", true},
-                                  {"duration", true},
-                                  {"calls", true},
-                                  {"warmup", true},
-                                  {"threads", true},
-                                  {"connect-timeout-ms", true},
-                                  {"idle-connections", true},
-                                  {"hold", true},
-                                  {"json", false},
-                                  {"quiet", false}, {"verify", false},
-                                  {"log-level", true},
-                                  {"help", false}}));
+  rdmarpc::examples::Flags flags(argc, argv,
+                                 rdmarpc::examples::WithPollingFlags({{"server", false},
+                                                                      {"listen", true},
+                                                                      {"target", true},
+                                                                      {"connections", true},
+                                                                      {"depth", true},
+                                                                      {"request-bytes", true},
+                                                                      {"response-bytes", true},
+                                                                      {"duration", true},
+                                                                      {"calls", true},
+                                                                      {"warmup", true},
+                                                                      {"threads", true},
+                                                                      {"connect-timeout-ms", true},
+                                                                      {"idle-connections", true},
+                                                                      {"hold", true},
+                                                                      {"json", false},
+                                                                      {"quiet", false},
+                                                                      {"verify", false},
+                                                                      {"log-level", true},
+                                                                      {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -466,13 +467,14 @@ int main(int argc, char** argv) {
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
   rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
-  cfg.options.transport.connect_timeout_ms = static_cast<int>(flags.get_int(
-      "connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
+  cfg.options.transport.connect_timeout_ms = static_cast<int>(
+      flags.get_int("connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
   const long hold_s = flags.get_int("hold", 0, 0, 86400);
   std::string bad = flags.error();
   if (bad.empty() && !flags.has("server") && cfg.target.empty()) bad = "give --server or --target";
-  if (bad.empty() && cfg.verify && (cfg.request_bytes < 16 || cfg.response_bytes != cfg.request_bytes)) {
+  if (bad.empty() && cfg.verify &&
+      (cfg.request_bytes < 16 || cfg.response_bytes != cfg.request_bytes)) {
     bad = "--verify needs --request-bytes of at least 16 and an equal --response-bytes";
   }
   if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {

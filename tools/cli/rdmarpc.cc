@@ -4,6 +4,8 @@
 //
 // TARGET is tcp://HOST:PORT or rdma://HOST:PORT. The server must have attached the built-in
 // health service (rdmarpc::HealthService, rpc/health.h); the sample servers do.
+#include "rpc/rdmarpc.h"
+
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <fstream>
@@ -14,7 +16,6 @@
 
 #include "rpc/health.rdmarpc.pb.h"
 #include "rpc/logging.h"
-#include "rpc/rdmarpc.h"
 
 namespace po = boost::program_options;
 
@@ -76,8 +77,8 @@ int Health(const std::string& target, const std::string& service,
 
 int main(int argc, char** argv) {
   po::options_description named("options");
-  named.add_options()("help,h", "print usage")(
-      "timeout-ms", po::value<long>()->default_value(5000), "per-call deadline in ms")(
+  named.add_options()("help,h", "print usage")("timeout-ms", po::value<long>()->default_value(5000),
+                                               "per-call deadline in ms")(
       "auth-secret-file", po::value<std::string>(), "present the secret in this file")(
       "log-level", po::value<std::string>()->default_value(""),
       "trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn)");
@@ -100,9 +101,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string bad;
-  if (args.empty()) bad = "no command given";
-  else if (args[0] != "health") bad = "unknown command '" + args[0] + "'";
-  else if (args.size() < 2 || args.size() > 3) bad = "health takes TARGET and at most one SERVICE";
+  if (args.empty())
+    bad = "no command given";
+  else if (args[0] != "health")
+    bad = "unknown command '" + args[0] + "'";
+  else if (args.size() < 2 || args.size() > 3)
+    bad = "health takes TARGET and at most one SERVICE";
   const long timeout_ms = vm["timeout-ms"].as<long>();
   if (bad.empty() && (timeout_ms < 0 || timeout_ms > 86400000)) {
     bad = "--timeout-ms must be between 0 and 86400000";

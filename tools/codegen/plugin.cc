@@ -37,7 +37,8 @@ namespace cpp = google::protobuf::compiler::cpp;
 
 std::string StripProto(const std::string& f) {
   if (f.size() > 6 && f.compare(f.size() - 6, 6, ".proto") == 0) return f.substr(0, f.size() - 6);
-  if (f.size() > 9 && f.compare(f.size() - 9, 9, ".protodevel") == 0) return f.substr(0, f.size() - 9);
+  if (f.size() > 9 && f.compare(f.size() - 9, 9, ".protodevel") == 0)
+    return f.substr(0, f.size() - 9);
   return f;
 }
 
@@ -85,7 +86,8 @@ std::string Hex(uint32_t v) {
 // A C++ identifier unique to this file, for the helpers in the .cc's anonymous namespace.
 std::string FileTag(const FileDescriptor* file) {
   std::string tag = "rdmarpc_gen_";
-  for (char c : StripProto(file->name())) tag += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  for (char c : StripProto(file->name()))
+    tag += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   return tag;
 }
 
@@ -102,8 +104,8 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         if (m->client_streaming() || m->server_streaming()) {
           *error = "rdmarpc: method " + m->full_name() + " in " + file->name() + " is " +
                    (m->client_streaming() && m->server_streaming() ? "bidirectional-streaming"
-                    : m->client_streaming()                         ? "client-streaming"
-                                                                    : "server-streaming") +
+                    : m->client_streaming()                        ? "client-streaming"
+                                                                   : "server-streaming") +
                    "; streaming methods are not supported yet (only unary methods are)";
           return false;
         }
@@ -239,21 +241,22 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["qsvc"] = qns + "::" + ServiceClassName(s);
         vars["j"] = std::to_string(j);
-        p->Print(vars,
-                 "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
-                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
-                 "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
-                 "    const $req$& request, $resp$& reply) {\n"
-                 "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, reply);\n"
-                 "}\n"
-                 "const ::rdmarpc::UnaryMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
-                 "    &$svc$_$j$_invoke);\n\n");
+        p->Print(
+            vars,
+            "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
+            "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
+            "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
+            "    const $req$& request, $resp$& reply) {\n"
+            "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, reply);\n"
+            "}\n"
+            "const ::rdmarpc::UnaryMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
+            "    &$svc$_$j$_invoke);\n\n");
       }
       if (s->method_count() > 0) {
         p->Print("const ::rdmarpc::MethodEntry k$svc$_methods[] = {\n", "svc", ServiceClassName(s));
         for (int j = 0; j < s->method_count(); ++j) {
-          p->Print("    {k$svc$_$j$_info, &k$svc$_$j$_handler},\n", "svc", ServiceClassName(s),
-                   "j", std::to_string(j));
+          p->Print("    {k$svc$_$j$_info, &k$svc$_$j$_handler},\n", "svc", ServiceClassName(s), "j",
+                   std::to_string(j));
         }
         p->Print("};\n\n");
       }
@@ -263,14 +266,14 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
     if (!ns.empty()) p->Print("namespace $ns$ {\n\n", "ns", ns);
     for (int i = 0; i < file->service_count(); ++i) {
       const ServiceDescriptor* s = file->service(i);
-      std::map<std::string, std::string> sv = {{"svc", ServiceClassName(s)},
-                                               {"full", s->full_name()},
-                                               {"tag", tag}};
-      p->Print(sv,
-               "::std::string_view $svc$::Service::rdmarpc_service_name() const {\n"
-               "  return \"$full$\";\n"
-               "}\n\n"
-               "::std::span<const ::rdmarpc::MethodEntry> $svc$::Service::rdmarpc_methods() const {\n");
+      std::map<std::string, std::string> sv = {
+          {"svc", ServiceClassName(s)}, {"full", s->full_name()}, {"tag", tag}};
+      p->Print(
+          sv,
+          "::std::string_view $svc$::Service::rdmarpc_service_name() const {\n"
+          "  return \"$full$\";\n"
+          "}\n\n"
+          "::std::span<const ::rdmarpc::MethodEntry> $svc$::Service::rdmarpc_methods() const {\n");
       if (s->method_count() > 0) {
         p->Print(sv, "  return ::$tag$::k$svc$_methods;\n}\n\n");
       } else {
@@ -280,28 +283,29 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["tag"] = tag;
         vars["j"] = std::to_string(j);
-        p->Print(vars,
-                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
-                 "    ::rdmarpc::ServerContext&, const $req$&, $resp$&) {\n"
-                 "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
-                 "                              \"method $wire$ is not implemented by this server\");\n"
-                 "}\n\n"
-                 "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $svc$::Stub::$name$(\n"
-                 "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
-                 "  $resp$ reply;\n"
-                 "  ::rdmarpc::Status status = co_await rdmarpc_channel_->Call(\n"
-                 "      ::$tag$::k$svc$_$j$_info, request, reply, options);\n"
-                 "  if (!status.ok()) co_return status;\n"
-                 "  co_return ::std::move(reply);\n"
-                 "}\n\n"
-                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Stub::$name$(\n"
-                 "    const $req$& request, $resp$& reply, const ::rdmarpc::CallOptions& options) {\n"
-                 "  return rdmarpc_channel_->Call(::$tag$::k$svc$_$j$_info, request, reply, options);\n"
-                 "}\n\n"
-                 "::rdmarpc::Result<$resp$> $svc$::BlockingStub::$name$(\n"
-                 "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
-                 "  return rdmarpc_channel_->Run(Stub(rdmarpc_channel_).$name$(request, options));\n"
-                 "}\n\n");
+        p->Print(
+            vars,
+            "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
+            "    ::rdmarpc::ServerContext&, const $req$&, $resp$&) {\n"
+            "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
+            "                              \"method $wire$ is not implemented by this server\");\n"
+            "}\n\n"
+            "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $svc$::Stub::$name$(\n"
+            "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+            "  $resp$ reply;\n"
+            "  ::rdmarpc::Status status = co_await rdmarpc_channel_->Call(\n"
+            "      ::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+            "  if (!status.ok()) co_return status;\n"
+            "  co_return ::std::move(reply);\n"
+            "}\n\n"
+            "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Stub::$name$(\n"
+            "    const $req$& request, $resp$& reply, const ::rdmarpc::CallOptions& options) {\n"
+            "  return rdmarpc_channel_->Call(::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+            "}\n\n"
+            "::rdmarpc::Result<$resp$> $svc$::BlockingStub::$name$(\n"
+            "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+            "  return rdmarpc_channel_->Run(Stub(rdmarpc_channel_).$name$(request, options));\n"
+            "}\n\n");
       }
     }
     if (!ns.empty()) p->Print("}  // namespace $ns$\n", "ns", ns);

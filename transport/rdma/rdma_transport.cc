@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -21,7 +22,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -311,14 +311,13 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
   void Sleep() {
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
-    fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                   [weak](boost::system::error_code ec) {
-                     if (ec) return;
-                     auto self = weak.lock();
-                     if (!self) return;
-                     self->TakeEventsAndRearm();
-                     self->DrainEvented();
-                   });
+    fd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](boost::system::error_code ec) {
+      if (ec) return;
+      auto self = weak.lock();
+      if (!self) return;
+      self->TakeEventsAndRearm();
+      self->DrainEvented();
+    });
   }
 
   // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
@@ -494,9 +493,9 @@ class RdmaConnection final : public Connection,
     // connection's QP alone (Open() binds it). Another QP using that rkey gets a remote access
     // error. The window's key byte is random.
     const bool windows = dev_->qp_bound_windows();
-    recv_mr_.reset(ibv_reg_mr(dev_->pd(), recv_buf_.get(), kRingBytes,
-                              IBV_ACCESS_LOCAL_WRITE |
-                                  (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE)));
+    recv_mr_.reset(ibv_reg_mr(
+        dev_->pd(), recv_buf_.get(), kRingBytes,
+        IBV_ACCESS_LOCAL_WRITE | (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE)));
     if (!recv_mr_) return Errno("ibv_reg_mr (receive ring)");
     ring_rkey_ = recv_mr_->rkey;
     auto slot = dev_->AcquireCq(kSendDepth);
@@ -584,23 +583,22 @@ class RdmaConnection final : public Connection,
 
   // After ESTABLISHED: watch for the peer's disconnect.
   void WatchEvents() {
-    event_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                         [self = shared_from_this()](boost::system::error_code ec) {
-                           if (ec || self->handler_.closed()) return;
-                           rdma_cm_event* e = nullptr;
-                           while (rdma_get_cm_event(self->events_.get(), &e) == 0) {
-                             auto type = e->event;
-                             rdma_ack_cm_event(e);
-                             if (type == RDMA_CM_EVENT_DISCONNECTED ||
-                                 type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
-                                 type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
-                               self->CloseWith(std::string("peer disconnected (") +
-                                               rdma_event_str(type) + ")");
-                               return;
-                             }
-                           }
-                           self->WatchEvents();
-                         });
+    event_fd_.async_wait(
+        asio::posix::stream_descriptor::wait_read,
+        [self = shared_from_this()](boost::system::error_code ec) {
+          if (ec || self->handler_.closed()) return;
+          rdma_cm_event* e = nullptr;
+          while (rdma_get_cm_event(self->events_.get(), &e) == 0) {
+            auto type = e->event;
+            rdma_ack_cm_event(e);
+            if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+                type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+              self->CloseWith(std::string("peer disconnected (") + rdma_event_str(type) + ")");
+              return;
+            }
+          }
+          self->WatchEvents();
+        });
   }
 
   // --- Connection ----------------------------------------------------------------------------
@@ -655,7 +653,8 @@ class RdmaConnection final : public Connection,
     paused_ = true;
     MaybeFinishClosing();
     if (handler_.closed()) return;
-    auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
+    auto timer =
+        std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
     timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
       self->CloseWith("closed locally (the peer did not take the last messages in time)");
     });
@@ -827,8 +826,8 @@ class RdmaConnection final : public Connection,
   void SendPending() {
     while (!pending_.empty() && !handler_.closed() && CanPost()) {
       auto& m = pending_.front();
-      const size_t chunk =
-          std::min(m.size() - pending_sent_, size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
+      const size_t chunk = std::min(m.size() - pending_sent_,
+                                    size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
       auto at = send_ring_.Reserve(static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       if (!at) return;  // wait for credits
       std::byte* rec = send_.data + *at;
@@ -919,7 +918,7 @@ class RdmaConnection final : public Connection,
   AlignedBuffer recv_buf_;
   Mr recv_mr_;
   Mw recv_mw_;  // deallocated first of all (see the destructor), before the MR it windows
-  uint32_t ring_rkey_ = 0;  // what the peer writes with: the window's, or the MR's
+  uint32_t ring_rkey_ = 0;         // what the peer writes with: the window's, or the MR's
   ThreadDevice::SendBuffer send_;  // from dev_'s slabs; returned in the destructor
   EventChannel events_;
   asio::posix::stream_descriptor event_fd_;
@@ -937,10 +936,10 @@ class RdmaConnection final : public Connection,
   size_t pending_sent_ = 0;   // of pending_.front()
   bool paused_ = false;       // PauseReceiving: records are held, credits withheld
   bool resume_posted_ = false;
-  bool closing_ = false;      // CloseAfterSending
+  bool closing_ = false;  // CloseAfterSending
   bool final_signal_posted_ = false;
-  std::deque<ibv_wc> held_;   // data records that arrived while paused (bounded by the ring)
-  uint64_t held_bytes_ = 0;   // ring bytes they occupy
+  std::deque<ibv_wc> held_;  // data records that arrived while paused (bounded by the ring)
+  uint64_t held_bytes_ = 0;  // ring bytes they occupy
   bool reassembling_ = false;
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
@@ -1074,8 +1073,8 @@ class RdmaListener final : public Listener {
       rdma_cm_id* child = e->id;
       RingDescriptor remote;
       Hello hello;
-      std::string err = DecodeDescriptor(e->param.conn.private_data,
-                                         e->param.conn.private_data_len, &remote, &hello);
+      std::string err = DecodeDescriptor(e->param.conn.private_data, e->param.conn.private_data_len,
+                                         &remote, &hello);
       std::string peer = SockaddrUri(rdma_get_peer_addr(child));
       // Refused or challenged before anything is allocated for the peer, and before it learns
       // any rkey: a challenge is a reject too, and the client connects again with its proof.
@@ -1109,10 +1108,10 @@ class RdmaListener final : public Listener {
         return;
       }
       Executor target = executors[next++ % executors.size()];
-      asio::co_spawn(target,
-                     Accept(shared_from_this(), target, CmId(child), std::move(ch), remote, hello,
-                            peer),
-                     asio::detached);
+      asio::co_spawn(
+          target,
+          Accept(shared_from_this(), target, CmId(child), std::move(ch), remote, hello, peer),
+          asio::detached);
     }
 
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, Executor ex, CmId id,
@@ -1141,8 +1140,8 @@ class RdmaListener final : public Listener {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
       }
-      CmEvent ev = co_await conn->NextEvent(
-          std::max(self->options.connect_timeout_ms, kEstablishWaitMinMs));
+      CmEvent ev =
+          co_await conn->NextEvent(std::max(self->options.connect_timeout_ms, kEstablishWaitMinMs));
       if (!ev || ev->event != RDMA_CM_EVENT_ESTABLISHED) {
         spdlog::warn("rdma: connection from {} not established: {}", peer,
                      ev ? rdma_event_str(ev->event) : "timed out");
@@ -1158,7 +1157,8 @@ class RdmaListener final : public Listener {
     }
   };
 
-  RdmaListener(std::shared_ptr<State> s, std::string uri) : state_(std::move(s)), uri_(std::move(uri)) {}
+  RdmaListener(std::shared_ptr<State> s, std::string uri)
+      : state_(std::move(s)), uri_(std::move(uri)) {}
   ~RdmaListener() override { Close(); }
 
   void Close() override {
@@ -1208,7 +1208,7 @@ asio::awaitable<Expected<sockaddr_storage>> ResolveHostAsync(const Endpoint& ep,
   if (!ec) co_return ToSockaddr(addr, ep.port);
   asio::ip::tcp::resolver r(ex);
   auto [rec, results] = co_await r.async_resolve(ep.host, std::to_string(ep.port),
-                                                  asio::as_tuple(asio::use_awaitable));
+                                                 asio::as_tuple(asio::use_awaitable));
   if (rec || results.empty()) co_return Error{"cannot resolve " + ep.host};
   co_return ToSockaddr(results.begin()->endpoint().address(), ep.port);
 }
@@ -1345,8 +1345,8 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
   }
   RingDescriptor remote;
   Hello server;
-  std::string err = DecodeDescriptor(ev->param.conn.private_data,
-                                     ev->param.conn.private_data_len, &remote, &server);
+  std::string err = DecodeDescriptor(ev->param.conn.private_data, ev->param.conn.private_data_len,
+                                     &remote, &server);
   Answer answer;
   if (err.empty() && ev->param.conn.private_data_len >= kHelloBytes + kAnswerBytes) {
     err = DecodeAnswer(static_cast<const uint8_t*>(ev->param.conn.private_data) + kHelloBytes,

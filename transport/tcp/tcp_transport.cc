@@ -6,20 +6,19 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/defer.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/defer.hpp>
 #include <cstring>
-
-#include <boost/asio/detached.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
@@ -52,8 +51,9 @@ int MsLeft(std::chrono::steady_clock::time_point until) {
 }
 
 // Reads exactly buffer_size(buf) bytes, or fails with timed_out after `timeout_ms`.
-asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(
-    tcp::socket& sock, asio::mutable_buffer buf, int timeout_ms) {
+asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(tcp::socket& sock,
+                                                                          asio::mutable_buffer buf,
+                                                                          int timeout_ms) {
   using namespace asio::experimental::awaitable_operators;
   asio::steady_timer timer(sock.get_executor(), std::chrono::milliseconds(timeout_ms));
   auto r = co_await (asio::async_read(sock, buf, asio::as_tuple(asio::use_awaitable)) ||
@@ -122,7 +122,8 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       CloseWith("closed locally");
       return;
     }
-    auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
+    auto timer =
+        std::make_shared<asio::steady_timer>(executor_, std::chrono::milliseconds(limit_ms));
     timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
       self->CloseWith("closed locally (the peer did not take the last messages in time)");
     });
@@ -183,10 +184,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
     writing_ = true;
     std::swap(pending_, inflight_);
-    asio::async_write(socket_, asio::buffer(inflight_) + n,
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        self->OnWritten(ec);
-                      });
+    asio::async_write(
+        socket_, asio::buffer(inflight_) + n,
+        [self = shared_from_this()](boost::system::error_code ec, size_t) { self->OnWritten(ec); });
   }
 
   void OnWritten(boost::system::error_code ec) {
@@ -264,10 +264,10 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   StreamReassembler reader_;
   std::vector<std::byte> pending_, inflight_;
   bool writing_ = false, flush_scheduled_ = false;
-  bool reading_ = false;        // an async_read_some is outstanding
-  bool paused_ = false;         // PauseReceiving: deliver nothing, read nothing
+  bool reading_ = false;  // an async_read_some is outstanding
+  bool paused_ = false;   // PauseReceiving: deliver nothing, read nothing
   bool resume_posted_ = false;
-  bool closing_ = false;        // CloseAfterSending: close once pending_ is written
+  bool closing_ = false;  // CloseAfterSending: close once pending_ is written
 };
 
 class TcpListener final : public Listener {
@@ -289,7 +289,7 @@ class TcpListener final : public Listener {
     // clear RESOURCE_EXHAUSTED at once instead of waiting in the backlog for their timeout.
     // Only on the listener's thread.
     int spare_fd = -1;
-    bool refusing = false;  // the spare is lent to RefuseBusy
+    bool refusing = false;                // the spare is lent to RefuseBusy
     bool accept_waits_for_spare = false;  // an accept hit EMFILE while the spare was lent out
     int64_t refused_busy = 0;
   };
@@ -318,9 +318,8 @@ class TcpListener final : public Listener {
           }
           if (s->spare_fd >= 0) {
             // Nobody is waiting: try again when someone is, not on a timer.
-            s->acceptor.async_wait(tcp::acceptor::wait_read, [s](boost::system::error_code) {
-              AcceptNext(s);
-            });
+            s->acceptor.async_wait(tcp::acceptor::wait_read,
+                                   [s](boost::system::error_code) { AcceptNext(s); });
             return;
           }
         }
@@ -343,8 +342,8 @@ class TcpListener final : public Listener {
     if (s->spare_fd < 0) return false;
     close(s->spare_fd);
     s->spare_fd = -1;
-    const int fd = ::accept4(s->acceptor.native_handle(), nullptr, nullptr,
-                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd =
+        ::accept4(s->acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       spdlog::debug("tcp: accepting a client to refuse it failed: {}", std::strerror(errno));
       s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -396,8 +395,8 @@ class TcpListener final : public Listener {
     boost::system::error_code ec;
     const auto remote = sock.remote_endpoint(ec);
     const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(s->options.connect_timeout_ms);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(s->options.connect_timeout_ms);
     Answer answer;
     for (int round = 0;; ++round) {
       uint8_t buf[kHelloBytes];
@@ -422,8 +421,8 @@ class TcpListener final : public Listener {
       }
       uint8_t out[kAnswerBytes];
       EncodeAnswer(answer, out);
-      auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(out),
-                                                  asio::as_tuple(asio::use_awaitable));
+      auto [wec, wn] =
+          co_await asio::async_write(sock, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
       if (wec) co_return;
       if (answer.code != Refusal::kChallenge) break;
     }
@@ -453,8 +452,8 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
                                            AcceptHandler on_accept, const Options& options) {
   if (executors.empty()) return Error{"tcp listen: no executors"};
   boost::system::error_code ec;
-  auto addr = asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host,
-                                     ec);
+  auto addr =
+      asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host, ec);
   if (ec) {
     // A host name: looked up here, blocking (Listen is set-up, not on an I/O thread).
     asio::io_context lookup;
@@ -497,9 +496,9 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   tcp::socket socket(executor);
   asio::steady_timer timer(executor, std::chrono::milliseconds(options.connect_timeout_ms));
   using namespace asio::experimental::awaitable_operators;
-  auto outcome = co_await (
-      asio::async_connect(socket, results, asio::as_tuple(asio::use_awaitable)) ||
-      timer.async_wait(asio::as_tuple(asio::use_awaitable)));
+  auto outcome =
+      co_await (asio::async_connect(socket, results, asio::as_tuple(asio::use_awaitable)) ||
+                timer.async_wait(asio::as_tuple(asio::use_awaitable)));
   if (outcome.index() == 1) {
     co_return Error{"connect to " + endpoint.ToUri() + " timed out after " +
                     std::to_string(options.connect_timeout_ms) + " ms"};
@@ -514,15 +513,15 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   for (int round = 0;; ++round) {
     uint8_t buf[kHelloBytes];
     EncodeHello(hello, buf);
-    auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(buf),
-                                                asio::as_tuple(asio::use_awaitable));
+    auto [wec, wn] =
+        co_await asio::async_write(socket, asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
     if (wec) co_return Error{"connect to " + endpoint.ToUri() + " failed: " + wec.message()};
     uint8_t in[kAnswerBytes];
     auto [rec, rn] = co_await ReadWithin(socket, asio::buffer(in), options.connect_timeout_ms);
     // A server of another version answers a shorter refusal and closes: still read it.
     if (rec && !(rec == asio::error::eof && rn >= 8)) {
-      co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" +
-                      rec.message() + "); is it an rdmarpc server?"};
+      co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" + rec.message() +
+                      "); is it an rdmarpc server?"};
     }
     if (std::string err = DecodeAnswer(in, rn, &answer); !err.empty()) {
       co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
@@ -531,15 +530,16 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
     auth.Prove(&hello, answer.challenge);
   }
   if (answer.code != Refusal::kNone) {
-    Error e{"connect to " + endpoint.ToUri() + " refused by the server: " +
-            RefusalText(answer.code)};
+    Error e{"connect to " + endpoint.ToUri() +
+            " refused by the server: " + RefusalText(answer.code)};
     e.busy = answer.code == Refusal::kBusy;
     co_return e;
   }
   if (std::string err = auth.CheckServer(hello, Hello{}, answer); !err.empty()) {
     co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
   }
-  co_return std::shared_ptr<Connection>(std::make_shared<TcpConnection>(std::move(socket), options));
+  co_return std::shared_ptr<Connection>(
+      std::make_shared<TcpConnection>(std::move(socket), options));
 }
 
 }  // namespace rdmarpc::transport::tcp
