@@ -22,6 +22,8 @@ check "demo.sh with an unknown option" 2 "unknown option --fast (see tools/demo.
 check "test.sh --help" 0 "N passed, N failed" bash tools/test.sh --help
 check "install.sh --help" 0 "Usage: tools/install.sh \\[--prefix DIR\\]" bash tools/install.sh --help
 check "install.sh with an unknown option" 2 "unknown argument --fast (see tools/install.sh --help)" bash tools/install.sh --fast
+check "format.sh --help" 0 "tools/format.sh --check" bash tools/format.sh --help
+check "format.sh with an unknown option" 2 "unknown option --fix (see tools/format.sh --help)" bash tools/format.sh --fix
 check "run_all.sh --help" 0 "writes docs/BENCHMARKS.md" bash tools/bench/run_all.sh --help
 check "run_all.sh with an argument" 2 "takes no arguments" bash tools/bench/run_all.sh --quick
 check "rxe_vm.sh --help lists every option" 0 "freeze-peer-on" bash tools/vm/rxe_vm.sh --help
