@@ -109,6 +109,16 @@ asio::awaitable<KV::Stub*> ShardedClient::StubFor(size_t s, Status& why) {
   co_return nullptr;
 }
 
+template <class Call>
+asio::awaitable<Status> ShardedClient::CallShard(size_t s, Call call) {
+  Status st;
+  KV::Stub* stub = co_await StubFor(s, st);
+  if (!stub) co_return st;
+  st = co_await call(*stub);
+  if (!st.ok()) st = Named(s, st);
+  co_return st;
+}
+
 Status ShardedClient::Named(size_t s, const Status& st) const {
   return Status(st.code(), shards_[s].target + ": " + st.message());
 }
@@ -124,13 +134,10 @@ size_t ShardedClient::ShardOf(std::string_view key) const {
 asio::awaitable<Result<GetReply>> ShardedClient::Get(std::string key) {
   GetRequest req;
   req.set_key(std::move(key));
-  const size_t s = ShardOf(req.key());
-  Status why;
-  KV::Stub* stub = co_await StubFor(s, why);
-  if (!stub) co_return why;
   GetReply reply;
-  Status st = co_await stub->Get(req, reply, options_);
-  if (!st.ok()) co_return Named(s, st);
+  Status st = co_await CallShard(ShardOf(req.key()),
+                                 [&](KV::Stub& stub) { return stub.Get(req, reply, options_); });
+  if (!st.ok()) co_return st;
   co_return reply;
 }
 
@@ -140,13 +147,10 @@ asio::awaitable<Result<PutReply>> ShardedClient::Put(std::string key, std::strin
   req.set_key(std::move(key));
   req.set_value(std::move(value));
   if (expected) req.set_expected_version(*expected);
-  const size_t s = ShardOf(req.key());
-  Status why;
-  KV::Stub* stub = co_await StubFor(s, why);
-  if (!stub) co_return why;
   PutReply reply;
-  Status st = co_await stub->Put(req, reply, options_);
-  if (!st.ok()) co_return Named(s, st);
+  Status st = co_await CallShard(ShardOf(req.key()),
+                                 [&](KV::Stub& stub) { return stub.Put(req, reply, options_); });
+  if (!st.ok()) co_return st;
   co_return reply;
 }
 
@@ -155,13 +159,10 @@ asio::awaitable<Result<DeleteReply>> ShardedClient::Delete(std::string key,
   DeleteRequest req;
   req.set_key(std::move(key));
   if (expected) req.set_expected_version(*expected);
-  const size_t s = ShardOf(req.key());
-  Status why;
-  KV::Stub* stub = co_await StubFor(s, why);
-  if (!stub) co_return why;
   DeleteReply reply;
-  Status st = co_await stub->Delete(req, reply, options_);
-  if (!st.ok()) co_return Named(s, st);
+  Status st = co_await CallShard(ShardOf(req.key()),
+                                 [&](KV::Stub& stub) { return stub.Delete(req, reply, options_); });
+  if (!st.ok()) co_return st;
   co_return reply;
 }
 
@@ -178,15 +179,12 @@ asio::awaitable<std::vector<Result<GetReply>>> ShardedClient::MultiGet(
   co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
     if (where[s].empty()) co_return;
     MultiGetReply reply;
-    Status st;
-    KV::Stub* stub = co_await StubFor(s, st);
-    if (stub) {
-      st = co_await stub->MultiGet(reqs[s], reply, options_);
-      if (st.ok() && reply.results_size() != static_cast<int>(where[s].size())) {
-        st = Status(StatusCode::kInternal, "answered " + std::to_string(reply.results_size()) +
-                                               " of " + std::to_string(where[s].size()) + " keys");
-      }
-      if (!st.ok()) st = Named(s, st);
+    Status st = co_await CallShard(
+        s, [&](KV::Stub& stub) { return stub.MultiGet(reqs[s], reply, options_); });
+    if (st.ok() && reply.results_size() != static_cast<int>(where[s].size())) {
+      st = Named(
+          s, Status(StatusCode::kInternal, "answered " + std::to_string(reply.results_size()) +
+                                               " of " + std::to_string(where[s].size()) + " keys"));
     }
     for (size_t j = 0; j < where[s].size(); ++j) {
       if (st.ok()) {
@@ -205,12 +203,8 @@ asio::awaitable<Result<ScanReply>> ShardedClient::Scan(ScanRequest request) {
   std::vector<ScanReply> pages(shards_.size());
   Status first_error;
   co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
-    Status st;
-    KV::Stub* stub = co_await StubFor(s, st);
-    if (stub) {
-      st = co_await stub->Scan(request, pages[s], options_);
-      if (!st.ok()) st = Named(s, st);
-    }
+    Status st = co_await CallShard(
+        s, [&](KV::Stub& stub) { return stub.Scan(request, pages[s], options_); });
     if (!st.ok() && first_error.ok()) first_error = st;
   });
   if (!first_error.ok()) co_return first_error;
@@ -252,18 +246,14 @@ asio::awaitable<Result<ScanReply>> ShardedClient::Scan(ScanRequest request) {
 asio::awaitable<std::vector<Result<InfoReply>>> ShardedClient::Info() {
   std::vector<Result<InfoReply>> out(shards_.size());
   co_await ForAll(shards_.size(), [&](size_t s) -> asio::awaitable<void> {
-    Status st;
-    KV::Stub* stub = co_await StubFor(s, st);
-    if (!stub) {
-      out[s] = st;
-      co_return;
-    }
+    const InfoRequest req;  // outlives the call (a temporary would die before it is awaited)
     InfoReply reply;
-    st = co_await stub->Info(InfoRequest(), reply, options_);
+    Status st =
+        co_await CallShard(s, [&](KV::Stub& stub) { return stub.Info(req, reply, options_); });
     if (st.ok()) {
       out[s] = std::move(reply);
     } else {
-      out[s] = Named(s, st);
+      out[s] = st;
     }
   });
   co_return out;

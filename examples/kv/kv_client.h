@@ -74,6 +74,10 @@ class ShardedClient {
   // Shard s's stub, reconnecting first if it is down and its retry time has come; nullptr (and
   // `why` set to UNAVAILABLE naming the server) while it stays down.
   boost::asio::awaitable<KV::Stub*> StubFor(size_t s, rdmarpc::Status& why);
+  // Runs `call(stub)` (one generated-stub call that fills its reply) on shard s: UNAVAILABLE
+  // naming the server while it is down, and a failed call's Status named after it.
+  template <class Call>
+  boost::asio::awaitable<rdmarpc::Status> CallShard(size_t s, Call call);
   // `st` with the server's address in front of its message.
   rdmarpc::Status Named(size_t s, const rdmarpc::Status& st) const;
 
