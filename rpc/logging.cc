@@ -21,4 +21,12 @@ bool InitLogging(std::string_view level, std::string_view fallback) {
   return true;
 }
 
+std::string LogLevelError(std::string_view level) {
+  const char* env = std::getenv("RDMARPC_LOG_LEVEL");
+  const bool from_env = level.empty() && env != nullptr;
+  return "unknown log level '" + (from_env ? std::string(env) : std::string(level)) + "'" +
+         (from_env ? " in $RDMARPC_LOG_LEVEL" : "") +
+         " (valid: trace, debug, info, warn, error, off)";
+}
+
 }  // namespace rdmarpc

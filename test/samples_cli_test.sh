@@ -131,6 +131,11 @@ check "rdmarpc --help" 0 "rdmarpc health TARGET" "$rdmarpc" --help
 check "rdmarpc without a command" 2 "no command given" "$rdmarpc"
 check "rdmarpc with an unknown command" 2 "unknown command 'bogus'" "$rdmarpc" bogus x
 check "rdmarpc with an unknown option" 2 "see rdmarpc --help" "$rdmarpc" health --loud x
+check "rdmarpc --auth-secret-file DIR is refused" 2 "not a regular file" \
+  "$rdmarpc" health tcp://127.0.0.1:1 --auth-secret-file "$tmp"
+check "rdmarpc --log-level loud names the valid levels" 2 \
+  "unknown log level 'loud' \(valid: trace, debug, info, warn, error, off\)" \
+  "$rdmarpc" health tcp://127.0.0.1:1 --log-level loud
 check "rdmarpc health: no server is 'cannot connect'" 3 "cannot connect to tcp://127.0.0.1:1" \
   "$rdmarpc" health tcp://127.0.0.1:1
 "$echo_server" --listen tcp://127.0.0.1:0 --shutdown-grace-ms 3000 >"$tmp/echo.out" 2>&1 &

@@ -2,7 +2,7 @@
 # Installs rdmarpc for builds outside Bazel (CMake, Make, ...): builds it, then puts under PREFIX
 #   include/rdmarpc/rpc/*.h, include/rdmarpc/transport/...   the public headers
 #   lib/librdmarpc.a                                        the runtime (rpc and transport layers,
-#                                                           and the health service)
+#                                                           the health service, ReadSecretFile)
 #   bin/protoc-gen-rdmarpc                                  the protoc plugin
 #   bin/rdmarpc                                             the command-line client
 #   lib/pkgconfig/rdmarpc.pc                                for pkg-config / CMake's pkg_check_modules
@@ -25,7 +25,8 @@ case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 cd "$(dirname "$0")/.."
 
 version=0.1.0
-bazel build --config=ci //rpc //rpc:health //transport //tools/codegen:protoc-gen-rdmarpc \
+bazel build --config=ci //rpc //rpc:health //rpc:secret_file //transport \
+  //tools/codegen:protoc-gen-rdmarpc \
   //tools/cli:rdmarpc
 bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
 
@@ -41,9 +42,15 @@ done
 # One archive for both layers (the rpc layer needs the transport layer).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf 'CREATE %s\nADDLIB %s\nADDLIB %s\nADDLIB %s\nADDLIB %s\nSAVE\nEND\n' "$tmp/librdmarpc.a" \
-  "$bin/rpc/librpc.a" "$bin/transport/libtransport.a" "$bin/rpc/libhealth.a" \
-  "$bin/rpc/libhealth_proto.a" | ar -M
+{
+  echo "CREATE $tmp/librdmarpc.a"
+  for lib in rpc/librpc.a transport/libtransport.a rpc/libhealth.a rpc/libhealth_proto.a \
+    rpc/libsecret_file.a; do
+    echo "ADDLIB $bin/$lib"
+  done
+  echo "SAVE"
+  echo "END"
+} | ar -M
 install -m 644 "$tmp/librdmarpc.a" "$prefix/lib/librdmarpc.a"
 install -m 755 "$bin/tools/codegen/protoc-gen-rdmarpc" "$prefix/bin/protoc-gen-rdmarpc"
 install -m 755 "$bin/tools/cli/rdmarpc" "$prefix/bin/rdmarpc"

@@ -1,17 +1,13 @@
 // A tiny command-line flag parser for the samples: --name=value, --name value, --bool-flag.
 #pragma once
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "rpc/secret_file.h"
 
 namespace rdmarpc::examples {
 
@@ -93,30 +89,7 @@ class Flags {
   std::string auth_secret() {
     if (!has("auth-secret-file")) return "";
     const std::string path = get("auth-secret-file", "");
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      error_ = "cannot read --auth-secret-file " + path + ": " + std::strerror(errno);
-      return "";
-    }
-    if (!S_ISREG(st.st_mode)) {
-      error_ = "--auth-secret-file " + path + " is not a regular file";
-      return "";
-    }
-    std::string secret;
-    try {
-      std::ifstream in(path, std::ios::binary);
-      secret.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      if (!in.good() && !in.eof()) {
-        error_ = "cannot read --auth-secret-file " + path;
-        return "";
-      }
-    } catch (const std::exception& e) {
-      error_ = "cannot read --auth-secret-file " + path + ": " + e.what();
-      return "";
-    }
-    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-    if (secret.empty()) error_ = "--auth-secret-file " + path + " is empty";
-    return secret;
+    return ReadSecretFile(path, "--auth-secret-file " + path, &error_);
   }
 
  private:
@@ -124,15 +97,5 @@ class Flags {
   std::vector<std::string> positional_;
   std::string error_;
 };
-
-// The one-line reason a log level was refused: the flag's value, or $RDMARPC_LOG_LEVEL's when
-// the flag was not given, and the levels there are.
-inline std::string LogLevelError(const std::string& flag_value) {
-  const char* env = std::getenv("RDMARPC_LOG_LEVEL");
-  const bool from_env = flag_value.empty() && env != nullptr;
-  return "unknown log level '" + (from_env ? std::string(env) : flag_value) + "'" +
-         (from_env ? " in $RDMARPC_LOG_LEVEL" : "") +
-         " (valid: trace, debug, info, warn, error, off)";
-}
 
 }  // namespace rdmarpc::examples

@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
-    std::cerr << "echo_client: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+    std::cerr << "echo_client: " << rdmarpc::LogLevelError(flags.get("log-level", ""))
               << "\n(see echo_client --help)\n";
     return 2;
   }

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "echo_server: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+    std::cerr << "echo_server: " << rdmarpc::LogLevelError(flags.get("log-level", ""))
               << "\n(see echo_server --help)\n";
     return 2;
   }

@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
   }
   if (bad.empty()) bad = flags.error();
   if (bad.empty() && !rdmarpc::InitLogging(flags.get("log-level", ""), "warn")) {
-    bad = rdmarpc::examples::LogLevelError(flags.get("log-level", ""));
+    bad = rdmarpc::LogLevelError(flags.get("log-level", ""));
   }
   if (!bad.empty()) {
     std::cerr << "kv: " << bad << "\n(see kv --help)\n";

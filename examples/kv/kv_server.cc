@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!rdmarpc::InitLogging(flags.get("log-level", ""))) {
-    std::cerr << "kv_server: " << rdmarpc::examples::LogLevelError(flags.get("log-level", ""))
+    std::cerr << "kv_server: " << rdmarpc::LogLevelError(flags.get("log-level", ""))
               << "\n(see kv_server --help)\n";
     return 2;
   }

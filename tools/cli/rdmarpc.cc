@@ -8,14 +8,13 @@
 
 #include <boost/program_options.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "rpc/health.rdmarpc.pb.h"
 #include "rpc/logging.h"
+#include "rpc/secret_file.h"
 
 namespace po = boost::program_options;
 
@@ -33,19 +32,6 @@ constexpr char kUsage[] =
     "Exit codes: 0 serving, 1 not serving (or the call failed: its status is printed),\n"
     "2 bad arguments, 3 could not connect, 4 the server has no such service (NOT_FOUND)\n"
     "or no health service (UNIMPLEMENTED).\n";
-
-// The secret in `path`, without trailing newlines; "" and `error` set if it cannot be had.
-std::string ReadSecret(const std::string& path, std::string& error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = "cannot read --auth-secret-file " + path;
-    return "";
-  }
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.empty()) error = "--auth-secret-file " + path + " is empty";
-  return secret;
-}
 
 int Health(const std::string& target, const std::string& service,
            const rdmarpc::ChannelOptions& options, long timeout_ms) {
@@ -114,10 +100,12 @@ int main(int argc, char** argv) {
   rdmarpc::ChannelOptions options;
   options.reconnect = false;  // one question, one connection
   if (bad.empty() && vm.count("auth-secret-file")) {
-    options.transport.auth_secret = ReadSecret(vm["auth-secret-file"].as<std::string>(), bad);
+    const std::string path = vm["auth-secret-file"].as<std::string>();
+    options.transport.auth_secret =
+        rdmarpc::ReadSecretFile(path, "--auth-secret-file " + path, &bad);
   }
   if (bad.empty() && !rdmarpc::InitLogging(vm["log-level"].as<std::string>(), "warn")) {
-    bad = "unknown log level (valid: trace, debug, info, warn, error, off)";
+    bad = rdmarpc::LogLevelError(vm["log-level"].as<std::string>());
   }
   if (!bad.empty()) {
     std::cerr << "rdmarpc: " << bad << "\n(see rdmarpc --help)\n";
