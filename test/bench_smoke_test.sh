@@ -5,13 +5,21 @@
 set -uo pipefail
 bin=tools/bench
 fail() { echo "bench_smoke_test: $*"; exit 1; }
-log=$(mktemp)
-$bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$log" 2>&1 &
-srv=$!
-trap 'kill $srv $pp $gs 2>/dev/null' EXIT
-for _ in $(seq 100); do grep -q "^listening on" "$log" && break; sleep 0.05; done
-target=$(sed -n 's/^listening on //p' "$log")
-[ -n "$target" ] || fail "server did not start: $(cat "$log")"
+tmp=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
+# start_server NAME CMD...: starts a server that prints "listening on ADDR"; sets $addr.
+start_server() {
+  local name=$1
+  shift
+  "$@" >"$tmp/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "^listening on" "$tmp/$name.log" && break; sleep 0.05; done
+  addr=$(sed -n 's/^listening on //p' "$tmp/$name.log")
+  [ -n "$addr" ] || fail "$name did not start: $(cat "$tmp/$name.log")"
+}
+start_server rdmarpc_bench $bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0
+target=$addr
 out=$($bin/rdmarpc_bench --target "$target" --depth 4 --request-bytes 100 --response-bytes 7 \
       --duration 1 --warmup 0 --json) || fail "client failed: $out"
 echo "$out"
@@ -23,18 +31,13 @@ echo "$idle"
 echo "$idle" | grep -q '"opened":20,' || fail "idle connections not all opened"
 port=$((20000 + RANDOM % 20000))
 $bin/tcp_pingpong --server --port "$port" >/dev/null 2>&1 &
-pp=$!
+pids+=($!)
 sleep 0.3
 p=$($bin/tcp_pingpong --port "$port" --bytes 64 --depth 2 --duration 1 --warmup 0 --json) || fail "tcp_pingpong failed"
 echo "$p"
 echo "$p" | grep -Eq '"calls":[1-9][0-9]*,' || fail "tcp_pingpong counted nothing"
-glog=$(mktemp)
-$bin/grpc_bench --server >"$glog" 2>&1 &
-gs=$!
-for _ in $(seq 100); do grep -q "^listening on" "$glog" && break; sleep 0.05; done
-gtarget=$(sed -n 's/^listening on //p' "$glog")
-[ -n "$gtarget" ] || fail "grpc_bench server did not start: $(cat "$glog")"
-g=$($bin/grpc_bench --target "$gtarget" --depth 4 --request-bytes 100 --response-bytes 7 \
+start_server grpc_bench $bin/grpc_bench --server
+g=$($bin/grpc_bench --target "$addr" --depth 4 --request-bytes 100 --response-bytes 7 \
     --duration 1 --warmup 0 --json) || fail "grpc_bench client failed: $g"
 echo "$g"
 echo "$g" | grep -q '"failed":0,' || fail "grpc_bench calls failed"
