@@ -163,7 +163,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       status = std::move(slot.status);
       FreeSlot(index);
       if (status.code() == StatusCode::kUnimplemented &&
-          status.message().rfind("unknown method id ", 0) == 0) {
+          status.message().starts_with(kUnknownMethodPrefix)) {
         // The wire carries only the method's hash; we know its name (issue 14).
         status = Status(StatusCode::kUnimplemented, "method " + std::string(method.full_name) +
                                                         " is not served by " + target_ + " (" +

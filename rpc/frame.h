@@ -25,6 +25,10 @@ inline constexpr size_t kMaxMetadataBytes = 64 * 1024;
 // GOAWAY flags: the server closes a connection that was idle (ServerOptions::idle_timeout);
 // nothing is wrong, and the client reconnects when it next has a call.
 inline constexpr uint8_t kGoAwayFlagIdle = 0x01;
+// How an UNIMPLEMENTED answer for an unserved method_id begins ("... 0x1234abcd on this
+// server"): the wire carries only the id, and the client, which knows the method's name, finds
+// this prefix and puts the name in the Status it returns.
+inline constexpr std::string_view kUnknownMethodPrefix = "unknown method id ";
 
 enum class FrameType : uint8_t {
   kRequest = 1,

@@ -474,7 +474,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       char id[16];
       std::snprintf(id, sizeof id, "0x%08x", f.header.method_id);
       SendError(reply, Status(StatusCode::kUnimplemented,
-                              std::string("unknown method id ") + id + " on this server"));
+                              std::string(kUnknownMethodPrefix) + id + " on this server"));
       return;
     }
     Metadata md;
