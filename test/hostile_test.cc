@@ -55,7 +55,7 @@ TEST_CASE("a client that stops reading is throttled, not buffered without bound;
   TestService::BlockingStub stub(*other);
 
   // PINGs from a client that reads nothing meanwhile: over TCP 200,000 (6.4 MB of PONGs, more
-  // than the sockets' buffers hold); over RDMA 40,000 (the 1 MiB ring takes 16,384 PONGs).
+  // than the sockets' buffers hold); over RDMA 40,000 (the 32 KiB ring takes 512 PONGs).
   const int kPings = listen.rfind("rdma", 0) == 0 ? 40000 : 200000;
   size_t pongs_while_paused = 0;
   std::atomic<bool> other_served{false};

@@ -20,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "rpc/method_id.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
 #include "transport/rdma/ring.h"
@@ -31,7 +32,11 @@ namespace asio = boost::asio;
 
 namespace {
 
-constexpr uint32_t kRing = 1 << 20;
+// The ring this peer announces (the most the transport accepts), followed in the same registered
+// memory by room for the large replies it reads.
+constexpr uint32_t kRing = 32 << 10;
+constexpr uint32_t kReadRoom = 1 << 20;
+constexpr uint32_t kReceives = 4096;
 
 // One RC connection made with librdmacm's synchronous calls, its own receive ring registered
 // for the server to write into, and a small registered send buffer.
@@ -45,7 +50,7 @@ class RawVerbsPeer {
     if (rdma_getaddrinfo(host.c_str(), port.c_str(), &hints, &res)) Fail("rdma_getaddrinfo");
     ibv_qp_init_attr attr{};
     attr.cap.max_send_wr = 16;
-    attr.cap.max_recv_wr = 64;
+    attr.cap.max_recv_wr = kReceives;
     attr.cap.max_send_sge = 1;
     attr.cap.max_recv_sge = 1;
     attr.qp_type = IBV_QPT_RC;
@@ -53,14 +58,15 @@ class RawVerbsPeer {
     const int rc = rdma_create_ep(&id_, res, nullptr, &attr);
     rdma_freeaddrinfo(res);
     if (rc) Fail("rdma_create_ep");
-    ring_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, kRing)));
-    std::memset(ring_.get(), 0, kRing);
-    ring_mr_ =
-        ibv_reg_mr(id_->pd, ring_.get(), kRing, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ring_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, kRing + kReadRoom)));
+    std::memset(ring_.get(), 0, kRing + kReadRoom);
+    ring_mr_ = ibv_reg_mr(id_->pd, ring_.get(), kRing + kReadRoom,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     send_mr_ = ibv_reg_mr(id_->pd, send_, sizeof send_, IBV_ACCESS_LOCAL_WRITE);
     if (!ring_mr_ || !send_mr_) Fail("ibv_reg_mr");
-    // The server writes SETTINGS (and credits) with immediate data: each needs a receive.
-    for (int i = 0; i < 32; ++i) {
+    // The server writes SETTINGS, credits (one per quarter of its ring consumed) and FINs with
+    // immediate data: each needs a receive. Enough for the longest test without reposting.
+    for (uint32_t i = 0; i < kReceives; ++i) {
       ibv_recv_wr wr{}, *bad = nullptr;
       wr.wr_id = 1;
       if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
@@ -88,6 +94,7 @@ class RawVerbsPeer {
     }
     remote_addr_ = server.ring_addr;
     remote_rkey_ = server.ring_rkey;
+    remote_bytes_ = server.ring_bytes;
     // The server grants its ring (a credit of the whole ring) once it can be written.
     const uint32_t grant = NextImm(10000ms);
     if (!(grant & transport::rdma::kImmCreditBit)) Fail("no ring grant from the server");
@@ -133,6 +140,8 @@ class RawVerbsPeer {
   }
 
   uint64_t remote_addr() const { return remote_addr_; }
+  // The server's ring: how many 64-byte slots it has.
+  uint32_t remote_slots() const { return remote_bytes_ / transport::rdma::kRecordAlignBytes; }
   uint32_t remote_rkey() const { return remote_rkey_; }
 
   ~RawVerbsPeer() {
@@ -186,12 +195,83 @@ class RawVerbsPeer {
     return static_cast<uint32_t>(8 + ping.size());
   }
 
-  // A record header (u32 total message bytes, u32 0) followed by `payload`.
-  void SetRecord(uint32_t total, const std::string& payload) {
-    const uint32_t le = htole32(total);
+  // A record header (u32 total message bytes, u32 kind) followed by `payload`.
+  void SetRecord(uint32_t total, const std::string& payload, uint32_t kind = 0) {
+    const uint32_t le = htole32(total), le_kind = htole32(kind);
     std::memcpy(send_, &le, 4);
-    std::memset(send_ + 4, 0, 4);
+    std::memcpy(send_ + 4, &le_kind, 4);
     std::memcpy(send_ + 8, payload.data(), payload.size());
+  }
+
+  // Sends `message` as consecutive records from the server ring's offset `*at` (chunks of at
+  // most a quarter of its ring, as the protocol allows), and advances `*at`.
+  void SendMessage(const std::string& message, uint32_t* at) {
+    const size_t chunk_max = remote_bytes_ / 4 - 8;
+    for (size_t off = 0; off < message.size();) {
+      const size_t n = std::min(chunk_max, message.size() - off);
+      SetRecord(static_cast<uint32_t>(message.size()), message.substr(off, n));
+      if (Write(*at, static_cast<uint32_t>(8 + n), *at / transport::rdma::kRecordAlignBytes) !=
+          IBV_WC_SUCCESS) {
+        Fail("write of a message chunk");
+      }
+      *at += static_cast<uint32_t>(transport::rdma::AlignRecord(8 + n));
+      off += n;
+    }
+  }
+
+  // A large message the server exposed to us: where to RDMA READ it from.
+  struct Rendezvous {
+    uint32_t total = 0, rkey = 0, slot = 0;
+    uint64_t addr = 0;
+  };
+  // Waits for the next rendezvous record the server writes into our ring.
+  Rendezvous NextRendezvous(std::chrono::milliseconds timeout) {
+    for (;;) {
+      const uint32_t imm = NextImm(timeout);
+      if (imm & (transport::rdma::kImmCreditBit | transport::rdma::kImmFinBit)) continue;
+      const uint8_t* rec = ring_.get() + uint64_t(imm) * transport::rdma::kRecordAlignBytes;
+      uint32_t kind;
+      std::memcpy(&kind, rec + 4, 4);
+      if (le32toh(kind) != 1) continue;
+      Rendezvous r;
+      std::memcpy(&r.total, rec, 4);
+      std::memcpy(&r.addr, rec + 8, 8);
+      std::memcpy(&r.rkey, rec + 16, 4);
+      std::memcpy(&r.slot, rec + 20, 4);
+      r.total = le32toh(r.total);
+      r.addr = le64toh(r.addr);
+      r.rkey = le32toh(r.rkey);
+      r.slot = le32toh(r.slot);
+      return r;
+    }
+  }
+
+  // RDMA READ of `bytes` (at most kReadRoom) at `addr` with `rkey`, past our ring's memory;
+  // returns the completion status and, on success, the bytes.
+  ibv_wc_status Read(uint64_t addr, uint32_t rkey, uint32_t bytes, std::string* out) {
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
+    sge.length = bytes;
+    sge.lkey = ring_mr_->lkey;
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send (read)");
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    ibv_wc wc{};
+    for (;;) {
+      int n = ibv_poll_cq(id_->send_cq, 1, &wc);
+      if (n < 0) Fail("ibv_poll_cq");
+      if (n == 1) break;
+      if (std::chrono::steady_clock::now() > until) return IBV_WC_GENERAL_ERR;
+    }
+    if (wc.status == IBV_WC_SUCCESS && out) {
+      out->assign(reinterpret_cast<const char*>(ring_.get() + kRing), bytes);
+    }
+    return wc.status;
   }
 
  private:
@@ -205,9 +285,10 @@ class RawVerbsPeer {
   std::unique_ptr<uint8_t, Free> ring_;
   ibv_mr* ring_mr_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
-  uint8_t send_[4096] = {};
+  uint8_t send_[16384] = {};
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
+  uint32_t remote_bytes_ = 0;
 };
 
 double RssMiB() {
@@ -243,8 +324,19 @@ TEST_CASE("a raw verbs peer that breaks the ring protocol is dropped; others are
   struct Attack {
     const char* name;
     uint32_t write_at, bytes, imm, total;
+    uint32_t kind = 0;
+    std::string body = std::string(48, 'x');
   };
-  const uint32_t slots = kRing / transport::rdma::kRecordAlignBytes;
+  // A rendezvous record's body: u64 address, u32 rkey, u32 slot.
+  auto rendezvous = [](uint64_t addr, uint32_t rkey, uint32_t slot) {
+    std::string b(16, '\0');
+    std::memcpy(b.data(), &addr, 8);
+    std::memcpy(b.data() + 8, &rkey, 4);
+    std::memcpy(b.data() + 12, &slot, 4);
+    return b;
+  };
+  const uint32_t slots = RawVerbsPeer(ts.uri).remote_slots();
+  REQUIRE(Eventually([&] { return ts.server.connections() == 1; }, 10000ms));
   const Attack attacks[] = {
       // The imm names an offset past the end of the ring.
       {"record outside the ring", 0, 64, slots + 7, 56},
@@ -256,13 +348,24 @@ TEST_CASE("a raw verbs peer that breaks the ring protocol is dropped; others are
       {"credit for bytes never sent", 0, 0, transport::rdma::kImmCreditBit | 1000, 0},
       // A record shorter than its own header.
       {"record shorter than its header", 0, 4, 0, 0},
+      // A record of a kind the protocol does not have.
+      {"record of an unknown kind", 0, 64, 0, 56, 7},
+      // A large message "exposed" at memory this peer has no window over: the server's read
+      // fails, and only this connection goes.
+      {"rendezvous the server cannot read", 0, 24, 0, 1 << 20, 1, rendezvous(0x10000, 0x1234, 0)},
+      // A rendezvous naming a slot past the protocol's four.
+      {"rendezvous slot out of range", 0, 24, 0, 1 << 20, 1, rendezvous(0x10000, 0x1234, 9)},
+      // A rendezvous record whose body is short.
+      {"malformed rendezvous record", 0, 16, 0, 1 << 20, 1, rendezvous(0x10000, 0x1234, 0)},
+      // A FIN for a large message the server never exposed.
+      {"FIN for nothing exposed", 0, 0, transport::rdma::kImmFinBit | 2, 0},
   };
   for (const auto& a : attacks) {
     INFO(a.name);
     {
       RawVerbsPeer peer(ts.uri);
       REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
-      peer.SetRecord(a.total, std::string(48, 'x'));
+      peer.SetRecord(a.total, a.body, a.kind);
       CHECK(peer.Write(a.write_at, a.bytes, a.imm) == IBV_WC_SUCCESS);
       // The server drops this connection on its own (the peer does not disconnect until later).
       CHECK(Eventually([&] { return ts.server.connections() == 1; }, 10000ms));
@@ -316,6 +419,63 @@ TEST_CASE("a client cannot write into another client's receive ring, even with i
   CHECK(TestService::BlockingStub(*good).Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
+TEST_CASE("a large reply exposed to one client cannot be read by another, nor after its FIN",
+          "[rdma][isolation]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  // One I/O thread: the reply buffers of both connections come from one registered pool, in
+  // one protection domain: only the window bound to the victim's QP may read the victim's.
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  RawVerbsPeer victim(ts.uri), attacker(ts.uri);
+  REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+  victim.GrantRing();
+  CHECK(victim.NextFrame(10000ms).type == FrameType::kSettings);
+  // An Echo of 12 KiB: larger than a record may be, so the server sends the reply by rendezvous.
+  EchoRequest req;
+  req.set_payload(Pattern(12 << 10, 3));
+  std::string frame(kFrameHeaderBytes, '\0');
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.method_id = MethodId("/rdmarpc.testing.TestService/Echo");
+  h.call_id = 5;
+  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(frame.data()));
+  frame += req.SerializeAsString();
+  uint32_t at = 0;
+  victim.SendMessage(frame, &at);
+  const auto rv = victim.NextRendezvous(10000ms);
+  CHECK(rv.total > (12u << 10));
+  // The attacker knows the address and rkey exactly, and reads with them: refused.
+  std::string stolen;
+  const ibv_wc_status st = attacker.Read(rv.addr, rv.rkey, rv.total, &stolen);
+  INFO("the attacker's read completed with " << ibv_wc_status_str(st));
+  CHECK(st != IBV_WC_SUCCESS);
+  // The victim reads its reply.
+  std::string reply;
+  REQUIRE(victim.Read(rv.addr, rv.rkey, rv.total, &reply) == IBV_WC_SUCCESS);
+  DecodedFrame f;
+  REQUIRE(DecodeFrame(std::span<const std::byte>(reinterpret_cast<const std::byte*>(reply.data()),
+                                                 reply.size()),
+                      &f)
+              .empty());
+  CHECK(f.header.type == FrameType::kResponse);
+  CHECK(f.header.call_id == 5);
+  EchoReply er;
+  REQUIRE(er.ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size())));
+  CHECK(er.payload() == req.payload());
+  // After the FIN the server invalidates the window: the same read fails.
+  CHECK(victim.Write(0, 0, transport::rdma::kImmFinBit | rv.slot) == IBV_WC_SUCCESS);
+  std::this_thread::sleep_for(500ms);
+  CHECK(victim.Read(rv.addr, rv.rkey, rv.total, nullptr) != IBV_WC_SUCCESS);
+  // Everyone else is served.
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  EchoRequest big;
+  big.set_payload(Pattern(1 << 20, 9));
+  auto r = TestService::BlockingStub(*good).Echo(big, {.timeout = 10s});
+  REQUIRE(r.ok());
+  CHECK(r->payload() == big.payload());
+}
+
 TEST_CASE(
     "a client that takes no replies and writes past its credit is closed; memory stays bounded",
     "[rdma][backpressure]") {
@@ -333,7 +493,7 @@ TEST_CASE(
   TestService::BlockingStub stub(*good);
   RawVerbsPeer peer(ts.uri);  // never grants its ring: the server's PONGs can only queue
   REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
-  const uint32_t slots = kRing / transport::rdma::kRecordAlignBytes;
+  const uint32_t slots = peer.remote_slots();
   const uint32_t bytes = peer.SetPing(1);
   // PING records one after another around the ring, ignoring credit. The server queues PONGs
   // up to its budget, then returns no more credit; one ring later the peer is over its credit.
@@ -358,7 +518,7 @@ TEST_CASE(
   CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
   CHECK(ts.server.throttle_events() > 0);
-  // The budget's worth of queued PONGs plus one ring (16,384 records), and a little slack.
+  // The budget's worth of queued PONGs plus one ring (512 records of 64 bytes), and a little slack.
   CHECK(written < expected + 512);
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }

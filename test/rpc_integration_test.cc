@@ -79,6 +79,7 @@ TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc][core]"
     EchoRequest req;
     req.set_payload(Pattern(size, size));
     auto r = stub.Echo(req);
+    INFO((r.ok() ? std::string("ok") : r.status().ToString()));
     REQUIRE(r.ok());
     REQUIRE(r->payload().size() == size);
     REQUIRE(r->payload() == req.payload());

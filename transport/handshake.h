@@ -32,7 +32,7 @@
 namespace rdmarpc::transport {
 
 inline constexpr uint32_t kHelloMagic = 0x31435052;  // "RPC1" little-endian
-inline constexpr uint16_t kHandshakeVersion = 3;
+inline constexpr uint16_t kHandshakeVersion = 4;
 // 56 bytes: exactly what an RDMA CM connect request may carry as private data over IB/RoCE.
 inline constexpr size_t kHelloBytes = 56;
 inline constexpr size_t kAnswerBytes = 48;

@@ -26,8 +26,8 @@ def metadata(pairs):
     return out
 
 
-def hello(wants_auth=False, proof=None, addr=0, rkey=0, ring=0, version=3):
-    """A HELLO of handshake version 3: flags bit 0 = wants auth, bit 1 = challenge + proof."""
+def hello(wants_auth=False, proof=None, addr=0, rkey=0, ring=0, version=4):
+    """A HELLO of handshake version 4: flags bit 0 = wants auth, bit 1 = challenge + proof."""
     flags = (1 if wants_auth else 0) | (2 if proof is not None else 0)
     body = struct.pack("<IHHQII", 0x31435052, version, flags, addr, rkey, ring)
     nonce = bytes(range(1, 9))
@@ -69,8 +69,9 @@ def main():
     write("handshake", "hello_wants_auth", hello(wants_auth=True))
     mac = hmac.new(b"fuzz secret", b"not a real proof", hashlib.sha256).digest()[:16]
     write("handshake", "hello_proof", hello(True, (bytes(range(8)), mac)))
-    write("handshake", "hello_rdma", hello(True, (bytes(8), mac), 0x7F0012340000, 0x1234, 1 << 20))
+    write("handshake", "hello_rdma", hello(True, (bytes(8), mac), 0x7F0012340000, 0x1234, 32 << 10))
     write("handshake", "hello_v2", hello(version=2))
+    write("handshake", "hello_v3", hello(version=3))
     for code in range(6):
         write("handshake", "answer_%d" % code, answer(code, bytes(range(8)), bytes(range(32))))
     write("handshake", "answer_v2", struct.pack("<IHH", 0x31435052, 2, 2))

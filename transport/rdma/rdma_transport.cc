@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -57,11 +58,35 @@ std::string DeviceUnavailableReason() {
 namespace {
 
 // --- tunables ------------------------------------------------------------------------------
-// Each connection's receive ring. 1 MiB keeps a 64 KiB payload pipeline full while bounding
-// memory per connection (2 MiB: ring + send staging).
-constexpr uint32_t kRingBytes = 1u << 20;
-// Record header inside the ring: u32 total message bytes, u32 reserved.
+// Each connection's receive ring, and its send staging buffer of the same size: 64 KiB pinned
+// per connection. Small messages (a record is at most a quarter of the ring, 8 KiB) go through
+// the ring; larger ones by rendezvous (see Expose), so the ring need not hold a bulk pipeline.
+// (It was 1 MiB, 2 MiB per connection: 350 idle connections filled a 2 GiB guest.)
+constexpr uint32_t kRingBytes = 32u << 10;
+// Record header inside the ring: u32 total message bytes, u32 kind.
 constexpr uint32_t kRecordHeaderBytes = 8;
+// Record kinds. A rendezvous record's body: u64 address, u32 rkey, u32 slot of a message of
+// `total` bytes the peer may RDMA READ (once) from the sender's memory.
+constexpr uint32_t kRecordData = 0;
+constexpr uint32_t kRecordRendezvous = 1;
+constexpr uint32_t kRendezvousBodyBytes = 16;
+// Large messages a connection may have exposed at once (its peer reads them in order).
+constexpr uint32_t kMaxRendezvous = 4;
+// Bytes a connection reads ahead of the message it is delivering: a further large message is
+// fetched while earlier ones are in flight only within this budget (the first always is).
+constexpr uint64_t kFetchAheadBytes = 8u << 20;
+// Registered buffers for large messages come in powers of two from this size, and each I/O
+// thread keeps up to kBulkCacheBytes of freed ones registered for reuse (a registration cache:
+// a steady stream of large messages registers nothing after warm-up).
+constexpr size_t kBulkMinBytes = 16u << 10;
+constexpr size_t kBulkCacheBytes = 64u << 20;
+// Send work requests kept free for control messages (credits, FINs, reads, invalidations):
+// data records and rendezvous stop short of them.
+constexpr uint32_t kControlReserve = 16;
+// A signaled send's wr_id: bits 0-31 how many sends it retires, 32-39 a tag saying what else
+// its completion means, 40-47 the rendezvous slot.
+constexpr uint64_t kTagRead = 1;        // our RDMA READ of the peer's message finished
+constexpr uint64_t kTagInvalidate = 2;  // the window over our exposed message is invalid
 // Receives kept posted in each I/O thread's shared receive queue (SRQ), for all its connections.
 // An RDMA_WRITE_WITH_IMM consumes one; they are reposted as completions are polled. A per-QP
 // receive queue deep enough for a full ring of small records (16k) made every closing connection
@@ -121,8 +146,11 @@ std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d,
   d->addr = h.ring_addr;
   d->rkey = h.ring_rkey;
   d->bytes = h.ring_bytes;
-  if (d->bytes < 4096 || d->bytes % kRecordAlignBytes != 0 || d->bytes > (1u << 30)) {
-    return "peer ring size " + std::to_string(d->bytes) + " is not usable";
+  // A sender stages each record at the same offset as in the peer's ring, so it can write into a
+  // ring no larger than its own staging buffer (kRingBytes).
+  if (d->bytes < 4096 || d->bytes % kRecordAlignBytes != 0 || d->bytes > kRingBytes) {
+    return "peer ring size " + std::to_string(d->bytes) + " is not usable (4 KiB to " +
+           std::to_string(kRingBytes >> 10) + " KiB, a multiple of 64)";
   }
   if (hello) *hello = h;
   return "";
@@ -231,6 +259,54 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Only once the QP that used `b` is destroyed.
   void ReleaseSendBuffer(SendBuffer b) { free_send_.push_back(b); }
 
+  // A registered buffer for one large message: serialized into on the sending side and exposed
+  // to the peer through a memory window, or RDMA-READ into on the receiving side. Registered
+  // with local access only (and MW_BIND, so that a window bound to one QP can expose it).
+  struct BulkBuffer {
+    AlignedBuffer mem;
+    Mr mr;  // declared after mem: deregistered before it is freed
+    size_t capacity = 0;
+    std::byte* data() const { return mem.get(); }
+    explicit operator bool() const { return mem != nullptr; }
+  };
+  // One of at least `bytes`, from the cache when one of its size class is free.
+  Expected<BulkBuffer> AcquireBulk(size_t bytes) {
+    size_t cap = kBulkMinBytes;
+    size_t cls = 0;
+    while (cap < bytes) {
+      cap <<= 1;
+      ++cls;
+    }
+    if (cls < bulk_free_.size() && !bulk_free_[cls].empty()) {
+      BulkBuffer b = std::move(bulk_free_[cls].back());
+      bulk_free_[cls].pop_back();
+      bulk_cached_ -= cap;
+      return b;
+    }
+    BulkBuffer b;
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, cap) != 0) return Error{"out of memory for a large message"};
+    b.mem.reset(static_cast<std::byte*>(p));
+    b.mr.reset(ibv_reg_mr(pd_.get(), p, cap,
+                          IBV_ACCESS_LOCAL_WRITE | (mw_type2_ ? IBV_ACCESS_MW_BIND : 0)));
+    if (!b.mr) return Error{Errno("ibv_reg_mr (large message)")};
+    b.capacity = cap;
+    return b;
+  }
+  // Only once no QP can touch `b` any more (its window invalidated, its read finished, or the
+  // QP destroyed). Kept registered while the cache has room, else deregistered and freed.
+  void ReleaseBulk(BulkBuffer b) {
+    if (!b || bulk_cached_ + b.capacity > kBulkCacheBytes) return;
+    size_t cls = 0;
+    while ((kBulkMinBytes << cls) < b.capacity) ++cls;
+    if (bulk_free_.size() <= cls) bulk_free_.resize(cls + 1);
+    bulk_cached_ += b.capacity;
+    bulk_free_[cls].push_back(std::move(b));
+  }
+
+  // RDMA READs a connection may have outstanding, and serve, at once (CM conn_param).
+  uint8_t rd_atom() const { return rd_atom_; }
+
   void Register(uint32_t qp_num, std::weak_ptr<RdmaConnection> c) { by_qp_[qp_num] = std::move(c); }
   void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
 
@@ -245,6 +321,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   std::string Init() {
     ibv_device_attr attr{};
     if (ibv_query_device(verbs_, &attr)) return Errno("ibv_query_device");
+    rd_atom_ = static_cast<uint8_t>(std::max(
+        1, std::min<int>({int(kMaxRendezvous), attr.max_qp_rd_atom, attr.max_qp_init_rd_atom})));
     mw_type2_ = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && attr.max_mw > 0 &&
                 std::getenv("RDMARPC_NO_MEMORY_WINDOWS") == nullptr;
     if (!mw_type2_) {
@@ -431,7 +509,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   };
   std::vector<Slab> slabs_;
   std::vector<SendBuffer> free_send_;
+  std::vector<std::vector<BulkBuffer>> bulk_free_;  // by size class
+  size_t bulk_cached_ = 0;
   uint32_t cqe_ = 0, srq_depth_ = 0;
+  uint8_t rd_atom_ = 1;
   bool mw_type2_ = false;
   asio::posix::stream_descriptor fd_;
   bool busy_poll_;
@@ -457,10 +538,17 @@ class RdmaConnection final : public Connection,
     // The window first: bound to the QP, it holds a reference to it, and a QP destroyed before
     // its windows waits for them (rxe: 50 s, then gives up).
     recv_mw_.reset();
+    for (auto& e : exposed_) e.mw.reset();
     id_.reset();  // destroys the QP: nothing reads the send buffer any more
     events_.reset();
     if (cq_slot_) dev_->ReleaseCq(cq_slot_);
     if (send_.data) dev_->ReleaseSendBuffer(send_);
+    // No window or QP is left that could touch these: back to the thread's cache.
+    if (dev_) {
+      for (auto& e : exposed_) dev_->ReleaseBulk(std::move(e.buf));
+      for (auto& f : fetches_) dev_->ReleaseBulk(std::move(f.buf));
+      for (auto& m : pending_) dev_->ReleaseBulk(std::move(m.big));
+    }
   }
 
   // Takes ownership of `id` and its event channel, whose events NextEvent then waits for.
@@ -538,7 +626,7 @@ class RdmaConnection final : public Connection,
   void SetRemoteRing(const RingDescriptor& d) {
     remote_ = d;
     // No credit until the peer grants its ring (it may not be writable yet: see Open()).
-    send_ring_ = SendRing(std::min(d.bytes, kRingBytes), /*granted=*/false);
+    send_ring_ = SendRing(d.bytes, /*granted=*/false);
   }
 
   // Once ESTABLISHED (the QP can send): makes our ring writable by the peer, through this QP
@@ -563,6 +651,7 @@ class RdmaConnection final : public Connection,
   }
 
   rdma_cm_id* id() { return id_.get(); }
+  uint8_t rd_atom() const { return dev_->rd_atom(); }
 
   // Waits for the next CM event on this connection's channel, bounded by `timeout_ms`.
   asio::awaitable<CmEvent> NextEvent(int timeout_ms) {
@@ -626,21 +715,37 @@ class RdmaConnection final : public Connection,
     if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
-    if (pending_.empty() && n + kRecordHeaderBytes <= send_ring_.max_record_bytes() && CanPost()) {
+    const bool fits_record = n + kRecordHeaderBytes <= send_ring_.max_record_bytes();
+    if (pending_.empty() && fits_record && CanPost()) {
       if (auto at = send_ring_.Reserve(static_cast<uint32_t>(n + kRecordHeaderBytes))) {
         std::byte* rec = send_.data + *at;
-        StoreRecordHeader(rec, static_cast<uint32_t>(n));
+        StoreRecordHeader(rec, static_cast<uint32_t>(n), kRecordData);
         message.WriteTo(rec + kRecordHeaderBytes);
         PostRecord(*at, static_cast<uint32_t>(n + kRecordHeaderBytes));
         return true;
       }
     }
-    // No credit, no send-queue room, or too big for one record: keep a copy and send it in
-    // order as credits come back. Backpressure, never loss.
-    std::vector<std::byte> copy(n);
-    if (n) message.WriteTo(copy.data());  // an empty vector's data() may be null
+    Outgoing out;
+    out.size = n;
+    if (!fits_record && dev_->qp_bound_windows()) {
+      // Rendezvous: serialized straight into registered memory, which the peer will read
+      // (Expose). The payload is never copied on either side.
+      auto big = dev_->AcquireBulk(n);
+      if (!big.ok()) {
+        CloseWith(big.error().message);
+        return false;
+      }
+      out.big = std::move(big.value());
+      message.WriteTo(out.big.data());
+    } else {
+      // No credit or no send-queue room (or, without memory windows, too big for one record:
+      // sent in chunks): keep a copy and send it in order as credits come back. Backpressure,
+      // never loss.
+      out.bytes.resize(n);
+      if (n) message.WriteTo(out.bytes.data());  // an empty vector's data() may be null
+    }
     pending_bytes_ += n + kPendingOverheadBytes;
-    pending_.push_back(std::move(copy));
+    pending_.push_back(std::move(out));
     SendPending();
     return true;
   }
@@ -660,7 +765,9 @@ class RdmaConnection final : public Connection,
     });
   }
 
-  size_t queued_send_bytes() const override { return pending_bytes_ - pending_sent_; }
+  size_t queued_send_bytes() const override {
+    return pending_bytes_ - pending_sent_ + exposed_bytes_;
+  }
 
   void PauseReceiving() override { paused_ = true; }
 
@@ -671,7 +778,7 @@ class RdmaConnection final : public Connection,
     resume_posted_ = true;
     asio::post(executor_, [self = shared_from_this()] {
       self->resume_posted_ = false;
-      self->DeliverHeld();
+      self->Drain();
     });
   }
 
@@ -685,11 +792,13 @@ class RdmaConnection final : public Connection,
   void Process(const ibv_wc& wc) {
     if (handler_.closed()) return;
     if (wc.status == IBV_WC_SUCCESS && wc.wr_id == kRecvWrId && (wc.wc_flags & IBV_WC_WITH_IMM) &&
-        !(be32toh(wc.imm_data) & kImmCreditBit) && (paused_ || !held_.empty())) {
-      // A data record while receiving is paused: it stays in the ring, unconsumed and uncredited,
-      // until ResumeReceiving. Send completions and credits are still taken: they are what lets
-      // our own queue drain. A peer that writes more than its credit covers meanwhile is cut off
-      // here (ReceiveRing::Accept would, but only once the records are consumed).
+        !(be32toh(wc.imm_data) & (kImmCreditBit | kImmFinBit)) &&
+        (paused_ || !held_.empty() || (!fetches_.empty() && !CanFetchAhead(wc)))) {
+      // A record while receiving is paused, or behind a large message still being read: it
+      // stays in the ring, unconsumed and uncredited, until its turn (Drain). Send completions,
+      // credits and FINs are still taken: they are what lets our own queue drain. A peer that
+      // writes more than its credit covers meanwhile is cut off here (ReceiveRing::Accept
+      // would, but only once the records are consumed).
       held_bytes_ += AlignRecord(wc.byte_len);
       if (recv_ring_.unreported() + held_bytes_ > kRingBytes) {
         CloseWith("protocol error: peer wrote past its credits while we withheld them");
@@ -705,6 +814,21 @@ class RdmaConnection final : public Connection,
     if (wc.wr_id != kRecvWrId) {
       // A signaled send: it and everything before it has left the send queue.
       send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
+      const uint64_t tag = (wc.wr_id >> 32) & 0xff;
+      const uint32_t slot = static_cast<uint32_t>(wc.wr_id >> 40) & 0xff;
+      if (tag == kTagInvalidate && slot < kMaxRendezvous) {
+        // The peer has read the message and can no longer reach its buffer.
+        Exposed& e = exposed_[slot];
+        exposed_bytes_ -= e.bytes + kPendingOverheadBytes;
+        dev_->ReleaseBulk(std::move(e.buf));
+        e.state = Exposed::kFree;
+      } else if (tag == kTagRead) {
+        for (auto& f : fetches_) {
+          if (f.slot == slot) f.done = true;
+        }
+        Drain();
+        if (handler_.closed()) return;
+      }
       SendPendingAndReport();
       return;
     }
@@ -720,24 +844,42 @@ class RdmaConnection final : public Connection,
         return;
       }
       SendPendingAndReport();
+    } else if (imm & kImmFinBit) {
+      OnFin(imm & kImmFinSlotMask);
     } else {
       OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
     }
   }
 
  private:
-  static void StoreRecordHeader(std::byte* rec, uint32_t total) {
+  // A message waiting for credit: a copy (small, or chunked without windows), or a registered
+  // buffer it was serialized into, to be exposed by rendezvous.
+  struct Outgoing {
+    std::vector<std::byte> bytes;
+    ThreadDevice::BulkBuffer big;
+    size_t size = 0;
+  };
+
+  static void StoreRecordHeader(std::byte* rec, uint32_t total, uint32_t kind) {
     uint32_t v = htole32(total);
     std::memcpy(rec, &v, 4);
-    std::memset(rec + 4, 0, 4);
+    v = htole32(kind);
+    std::memcpy(rec + 4, &v, 4);
+  }
+  static uint32_t Load32(const std::byte* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return le32toh(v);
   }
 
-  bool CanPost() const { return send_unretired_ + 2 < send_depth_; }
+  // Room for a data record or a rendezvous (two requests), short of the control reserve.
+  bool CanPost() const { return send_unretired_ + kControlReserve < send_depth_; }
 
   // From the completion path: sends what credits now allow, finishes a CloseAfterSending, and
   // tells a handler that paused receiving that its queue went down.
   void SendPendingAndReport() {
     const size_t before = queued_send_bytes();
+    ReturnCredits();  // any held back while the send queue was full
     SendPending();
     if (handler_.closed()) return;
     if (closing_) {
@@ -752,7 +894,7 @@ class RdmaConnection final : public Connection,
   // CloseAfterSending: once nothing is queued, one signaled send retires every write before it;
   // its completion (send_unretired_ back to 0) means they all reached the peer.
   void MaybeFinishClosing() {
-    if (!pending_.empty()) return;
+    if (!pending_.empty() || exposed_bytes_ > 0) return;  // the peer has not read everything
     if (send_unretired_ == 0) {
       CloseWith("closed locally");
       return;
@@ -763,22 +905,172 @@ class RdmaConnection final : public Connection,
     }
   }
 
-  // Records held while paused, in ring order, until paused again; then the credits they freed.
-  void DeliverHeld() {
-    while (!held_.empty() && !paused_ && !handler_.closed()) {
-      const ibv_wc wc = held_.front();
-      held_.pop_front();
-      held_bytes_ -= AlignRecord(wc.byte_len);
-      const uint32_t imm = be32toh(wc.imm_data);
-      OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
+  // Delivers, in order, the large messages whose reads finished and the records held behind
+  // them or while paused, until paused again or the front message is still being read (only a
+  // further rendezvous within the read-ahead budget goes ahead of it: its read starts now);
+  // then returns the credits that freed.
+  void Drain() {
+    while (!paused_ && !handler_.closed()) {
+      if (!fetches_.empty()) {
+        if (fetches_.front().done) {
+          DeliverFetched();
+          continue;
+        }
+        if (!held_.empty() && CanFetchAhead(held_.front())) {
+          TakeHeld();
+          continue;
+        }
+        break;
+      }
+      if (held_.empty()) break;
+      TakeHeld();
     }
     if (!paused_ && !handler_.closed()) ReturnCredits();
   }
 
+  void TakeHeld() {
+    const ibv_wc wc = held_.front();
+    held_.pop_front();
+    held_bytes_ -= AlignRecord(wc.byte_len);
+    OnRecord(uint64_t(be32toh(wc.imm_data) & kImmMask) * kRecordAlignBytes, wc.byte_len);
+  }
+
+  // Whether the record `wc` announces is a rendezvous that may start its read while earlier
+  // large messages are still being read: few enough in flight, and within kFetchAheadBytes.
+  bool CanFetchAhead(const ibv_wc& wc) const {
+    const uint64_t offset = uint64_t(be32toh(wc.imm_data) & kImmMask) * kRecordAlignBytes;
+    if (offset + kRecordHeaderBytes > kRingBytes || wc.byte_len < kRecordHeaderBytes) return false;
+    const std::byte* rec = recv_buf_.get() + offset;
+    if (Load32(rec + 4) != kRecordRendezvous) return false;
+    return fetches_.size() < kMaxRendezvous && fetch_bytes_ + Load32(rec) <= kFetchAheadBytes;
+  }
+
+  // A rendezvous record: reads the message from the peer's window into a buffer of ours.
+  void StartFetch(uint32_t total, const std::byte* body) {
+    uint64_t addr;
+    std::memcpy(&addr, body, 8);
+    addr = le64toh(addr);
+    const uint32_t rkey = Load32(body + 8);
+    const uint32_t slot = Load32(body + 12);
+    if (slot >= kMaxRendezvous) {
+      CloseWith("protocol error: rendezvous slot " + std::to_string(slot) + " out of range");
+      return;
+    }
+    for (const auto& f : fetches_) {
+      if (f.slot == slot) {
+        CloseWith("protocol error: rendezvous slot " + std::to_string(slot) + " already in use");
+        return;
+      }
+    }
+    auto buf = dev_->AcquireBulk(total);
+    if (!buf.ok()) {
+      CloseWith(buf.error().message);
+      return;
+    }
+    Fetch f;
+    f.buf = std::move(buf.value());
+    f.bytes = total;
+    f.slot = slot;
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(f.buf.data());
+    sge.length = total;
+    sge.lkey = f.buf.mr->lkey;
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    fetch_bytes_ += total;
+    fetches_.push_back(std::move(f));
+    // A peer whose window does not cover what it announced fails the read, and its connection.
+    PostSend(wr, /*signal=*/true, (kTagRead << 32) | (uint64_t(slot) << 40));
+  }
+
+  // The front large message has been read: the FIN lets the peer reuse its buffer, then the
+  // message is handed up in place.
+  void DeliverFetched() {
+    Fetch f = std::move(fetches_.front());
+    fetches_.pop_front();
+    fetch_bytes_ -= f.bytes;
+    if (PostWrite(0, 0, kImmFinBit | f.slot)) {
+      handler_.get()->OnMessage(std::span<const std::byte>(f.buf.data(), f.bytes));
+    }
+    dev_->ReleaseBulk(std::move(f.buf));
+  }
+
+  // Sends the front pending large message by rendezvous: binds a window over its buffer to this
+  // QP alone (read-only, exactly its bytes, a fresh key) and writes a rendezvous record saying
+  // where it is. False when it must wait (no free slot, credit or send-queue room).
+  bool Expose(Outgoing& m) {
+    uint32_t slot = 0;
+    while (slot < kMaxRendezvous && exposed_[slot].state != Exposed::kFree) ++slot;
+    if (slot == kMaxRendezvous) return false;
+    auto at = send_ring_.Reserve(kRecordHeaderBytes + kRendezvousBodyBytes);
+    if (!at) return false;
+    Exposed& e = exposed_[slot];
+    if (!e.mw) {
+      // Allocated after the QP (see Setup) and deallocated before it (the destructor).
+      e.mw.reset(ibv_alloc_mw(dev_->pd(), IBV_MW_TYPE_2));
+      if (!e.mw) {
+        CloseWith(Errno("ibv_alloc_mw"));
+        return false;
+      }
+      e.rkey = e.mw->rkey;
+    }
+    // A new key byte per exposure: an rkey the peer learned before is dead once invalidated.
+    uint32_t key = e.rkey & 0xff;
+    while (key == (e.rkey & 0xff) || key == 0) key = RandomByte();
+    e.rkey = (e.rkey & 0xffffff00u) | key;
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = e.mw.get();
+    wr.bind_mw.rkey = e.rkey;
+    wr.bind_mw.bind_info.mr = m.big.mr.get();
+    wr.bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(m.big.data());
+    wr.bind_mw.bind_info.length = m.size;
+    wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+    if (!PostSend(wr)) return false;
+    // The window's current rkey is what the next bind (and the provider) must name; verbs
+    // leave updating it to us for type-2 windows (rxe refuses a bind naming a stale one).
+    e.mw->rkey = e.rkey;
+    std::byte* rec = send_.data + *at;
+    StoreRecordHeader(rec, static_cast<uint32_t>(m.size), kRecordRendezvous);
+    const uint64_t addr = htole64(reinterpret_cast<uint64_t>(m.big.data()));
+    const uint32_t rkey = htole32(e.rkey), le_slot = htole32(slot);
+    std::memcpy(rec + kRecordHeaderBytes, &addr, 8);
+    std::memcpy(rec + kRecordHeaderBytes + 8, &rkey, 4);
+    std::memcpy(rec + kRecordHeaderBytes + 12, &le_slot, 4);
+    PostRecord(*at, kRecordHeaderBytes + kRendezvousBodyBytes);
+    e.buf = std::move(m.big);
+    e.bytes = m.size;
+    e.state = Exposed::kExposed;
+    exposed_bytes_ += m.size + kPendingOverheadBytes;
+    return true;
+  }
+
+  // The peer has read the message exposed in `slot`: invalidate the window; the buffer is
+  // reused once that completes.
+  void OnFin(uint32_t slot) {
+    if (slot >= kMaxRendezvous || exposed_[slot].state != Exposed::kExposed) {
+      CloseWith("protocol error: FIN for rendezvous slot " + std::to_string(slot) +
+                ", which holds no message");
+      return;
+    }
+    Exposed& e = exposed_[slot];
+    e.state = Exposed::kInvalidating;
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_LOCAL_INV;
+    wr.invalidate_rkey = e.rkey;
+    PostSend(wr, /*signal=*/true, (kTagInvalidate << 32) | (uint64_t(slot) << 40));
+  }
+
   // Returns credits once a quarter of the ring is free (ring.h explains why that suffices);
-  // never while paused, so that a peer that does not take our replies cannot send more.
+  // never while paused, so that a peer that does not take our replies cannot send more. With
+  // the send queue nearly full (a peer slow to take our writes) they wait, adding up, for the
+  // next send completion: credits are cumulative, and posting regardless overflowed the queue.
   void ReturnCredits() {
-    if (paused_) return;
+    if (paused_ || send_unretired_ + kControlReserve / 2 >= send_depth_) return;
     if (uint64_t c = recv_ring_.TakeCredits(kRingBytes / 4)) {
       PostWrite(0, 0, kImmCreditBit | static_cast<uint32_t>(c / kRecordAlignBytes));
     }
@@ -803,12 +1095,12 @@ class RdmaConnection final : public Connection,
   // Posts one work request, counting it in send_unretired_. Every kSignalEvery-th is signaled,
   // and every one once the queue is half full, so that a signaled completion always comes to
   // retire what is outstanding (its wr_id says how many it retires).
-  bool PostSend(ibv_send_wr& wr, bool signal = false) {
+  bool PostSend(ibv_send_wr& wr, bool signal = false, uint64_t tag = 0) {
     ++since_signal_;
     ++send_unretired_;
     if (signal || since_signal_ >= kSignalEvery || send_unretired_ * 2 >= send_depth_) {
       wr.send_flags |= IBV_SEND_SIGNALED;
-      wr.wr_id = since_signal_;
+      wr.wr_id = since_signal_ | tag;
       since_signal_ = 0;
     }
     ibv_send_wr* bad = nullptr;
@@ -825,13 +1117,20 @@ class RdmaConnection final : public Connection,
 
   void SendPending() {
     while (!pending_.empty() && !handler_.closed() && CanPost()) {
-      auto& m = pending_.front();
+      Outgoing& o = pending_.front();
+      if (o.big) {
+        if (!Expose(o)) return;  // waits for a free slot or credit
+        pending_bytes_ -= o.size + kPendingOverheadBytes;
+        pending_.pop_front();
+        continue;
+      }
+      auto& m = o.bytes;
       const size_t chunk = std::min(m.size() - pending_sent_,
                                     size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
       auto at = send_ring_.Reserve(static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       if (!at) return;  // wait for credits
       std::byte* rec = send_.data + *at;
-      StoreRecordHeader(rec, static_cast<uint32_t>(m.size()));
+      StoreRecordHeader(rec, static_cast<uint32_t>(m.size()), kRecordData);
       if (chunk) std::memcpy(rec + kRecordHeaderBytes, m.data() + pending_sent_, chunk);
       PostRecord(*at, static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       pending_sent_ += chunk;
@@ -851,14 +1150,27 @@ class RdmaConnection final : public Connection,
       return;
     }
     const std::byte* rec = recv_buf_.get() + offset;
-    uint32_t total;
-    std::memcpy(&total, rec, 4);
-    total = le32toh(total);
+    const uint32_t total = Load32(rec);
+    const uint32_t kind = Load32(rec + 4);
     const std::byte* data = rec + kRecordHeaderBytes;
     const size_t len = bytes - kRecordHeaderBytes;
     if (total > options_.max_message_bytes) {
       CloseWith("peer sent a message of " + std::to_string(total) + " bytes, over the limit of " +
                 std::to_string(options_.max_message_bytes));
+      return;
+    }
+    if (kind == kRecordRendezvous) {
+      if (reassembling_ || len != kRendezvousBodyBytes || total == 0) {
+        CloseWith("protocol error: malformed rendezvous record");
+        return;
+      }
+      StartFetch(total, data);
+      if (handler_.closed()) return;
+      ReturnCredits();
+      return;
+    }
+    if (kind != kRecordData) {
+      CloseWith("protocol error: unknown record kind " + std::to_string(kind));
       return;
     }
     if (!reassembling_) {
@@ -901,6 +1213,7 @@ class RdmaConnection final : public Connection,
     // event loop alive until the CM gives up (about 100 s with rxe).
     boost::system::error_code ignored;
     event_fd_.cancel(ignored);
+    for (auto& m : pending_) dev_->ReleaseBulk(std::move(m.big));  // never exposed
     pending_.clear();
     pending_bytes_ = pending_sent_ = 0;
     held_.clear();
@@ -931,7 +1244,7 @@ class RdmaConnection final : public Connection,
   RingDescriptor remote_;
   ReceiveRing recv_ring_;
   SendRing send_ring_;
-  std::deque<std::vector<std::byte>> pending_;
+  std::deque<Outgoing> pending_;
   size_t pending_bytes_ = 0;  // sum of pending_'s sizes
   size_t pending_sent_ = 0;   // of pending_.front()
   bool paused_ = false;       // PauseReceiving: records are held, credits withheld
@@ -940,6 +1253,27 @@ class RdmaConnection final : public Connection,
   bool final_signal_posted_ = false;
   std::deque<ibv_wc> held_;  // data records that arrived while paused (bounded by the ring)
   uint64_t held_bytes_ = 0;  // ring bytes they occupy
+  // Large messages of ours the peer may read, by slot: kExposed until its FIN, kInvalidating
+  // until the window is dead. Their buffers count in queued_send_bytes().
+  struct Exposed {
+    enum State { kFree, kExposed, kInvalidating };
+    Mw mw;  // bound to this QP; deallocated before it (see the destructor)
+    uint32_t rkey = 0;
+    ThreadDevice::BulkBuffer buf;
+    size_t bytes = 0;
+    State state = kFree;
+  };
+  std::array<Exposed, kMaxRendezvous> exposed_;
+  size_t exposed_bytes_ = 0;
+  // The peer's large messages being read, in arrival (delivery) order.
+  struct Fetch {
+    ThreadDevice::BulkBuffer buf;
+    uint32_t bytes = 0;
+    uint32_t slot = 0;
+    bool done = false;
+  };
+  std::deque<Fetch> fetches_;
+  uint64_t fetch_bytes_ = 0;
   bool reassembling_ = false;
   uint32_t partial_total_ = 0;
   std::vector<std::byte> partial_;
@@ -1029,12 +1363,13 @@ void RejectWith(rdma_cm_id* id, Refusal why) {
   RejectWith(id, a);
 }
 
-rdma_conn_param ConnParam(const uint8_t* data, size_t len) {
+rdma_conn_param ConnParam(const uint8_t* data, size_t len, uint8_t rd_atom) {
   rdma_conn_param p{};
   p.private_data = data;
   p.private_data_len = static_cast<uint8_t>(len);
-  p.responder_resources = 1;
-  p.initiator_depth = 1;
+  // RDMA READs in flight each way (rendezvous reads of large messages).
+  p.responder_resources = rd_atom;
+  p.initiator_depth = rd_atom;
   p.retry_count = 7;
   p.rnr_retry_count = 7;  // "infinite": a receiver briefly short of receives is not an error
   return p;
@@ -1135,7 +1470,7 @@ class RdmaListener final : public Listener {
       uint8_t data[kHelloBytes + kAnswerBytes];
       EncodeHello(ours, data);
       EncodeAnswer(answer, data + kHelloBytes);
-      rdma_conn_param p = ConnParam(data, sizeof data);
+      rdma_conn_param p = ConnParam(data, sizeof data, conn->rd_atom());
       if (rdma_accept(conn->id(), &p)) {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
@@ -1314,7 +1649,7 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
   if (challenge) auth.Prove(hello, *challenge);  // the proof covers the ring fields
   uint8_t data[kHelloBytes];
   EncodeHello(*hello, data);
-  rdma_conn_param p = ConnParam(data, sizeof data);
+  rdma_conn_param p = ConnParam(data, sizeof data, conn->rd_atom());
   if (rdma_connect(conn->id(), &p)) co_return fail(Errno("rdma_connect"));
   CmEvent ev = co_await conn->NextEvent(std::max(1, MsUntil(until)));
   if (!ev) {

@@ -14,9 +14,12 @@
 namespace rdmarpc::transport::rdma {
 
 inline constexpr uint32_t kRecordAlignBytes = 64;
-// Immediate data: bit 31 clear = data record at offset (imm & kImmMask) * 64;
-// bit 31 set = credit return of (imm & kImmMask) * 64 bytes.
+// Immediate data: bit 31 set = credit return of (imm & kImmMask) * 64 bytes; else bit 30 set =
+// FIN: the large message exposed in slot (imm & kImmFinSlotMask) has been read; else a record at
+// offset (imm & kImmMask) * 64 (a ring is at most 32 KiB, so offsets never reach bit 30).
 inline constexpr uint32_t kImmCreditBit = 0x80000000u;
+inline constexpr uint32_t kImmFinBit = 0x40000000u;
+inline constexpr uint32_t kImmFinSlotMask = 0xffu;
 inline constexpr uint32_t kImmMask = 0x7fffffffu;
 
 constexpr uint64_t AlignRecord(uint64_t n) {
