@@ -31,6 +31,7 @@
 
 #include "examples/common/flags.h"
 #include "examples/common/polling_flags.h"
+#include "examples/common/server_flags.h"
 #include "rpc/logging.h"
 #include "rpc/rdmarpc.h"
 #include "tools/bench/bench.rdmarpc.pb.h"
@@ -87,6 +88,16 @@ uint64_t RssBytes() {
   return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
+// Memory this process has pinned (VmPin: what RDMA registrations hold in place), in bytes.
+uint64_t PinnedBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmPin:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
 class BenchService final : public rdmarpc::bench::Bench::Service {
  public:
   asio::awaitable<rdmarpc::Status> Call(rdmarpc::ServerContext&,
@@ -104,6 +115,7 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
                                          const rdmarpc::bench::StatsRequest&,
                                          rdmarpc::bench::StatsReply& reply) override {
     reply.set_rss_bytes(RssBytes());
+    reply.set_pinned_bytes(PinnedBytes());
     reply.set_calls(calls_.load(std::memory_order_relaxed));
     co_return rdmarpc::Status();
   }
@@ -288,7 +300,7 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s) {
   }
   rdmarpc::bench::StatsReply before, after;
   if (!stats(before)) return finish(1);
-  const uint64_t rss_before = RssBytes();
+  const uint64_t rss_before = RssBytes(), pinned_before = PinnedBytes();
   on_loop(StartConnections(cfg, shared, w, n, false));
   // One call on each, so that every connection is fully set up on both sides.
   const uint64_t failed = on_loop([&]() -> asio::awaitable<uint64_t> {
@@ -302,23 +314,31 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s) {
     }
     co_return bad;
   });
-  const uint64_t rss_after = RssBytes();
+  const uint64_t rss_after = RssBytes(), pinned_after = PinnedBytes();
   if (!stats(after)) return finish(1);
   const long opened = static_cast<long>(w.channels.size()) - 1;
   const double client_per = opened ? (double(rss_after) - double(rss_before)) / opened : 0;
   const double server_per =
       opened ? (double(after.rss_bytes()) - double(before.rss_bytes())) / opened : 0;
+  const double client_pin = opened ? (double(pinned_after) - double(pinned_before)) / opened : 0;
+  const double server_pin =
+      opened ? (double(after.pinned_bytes()) - double(before.pinned_bytes())) / opened : 0;
   if (cfg.json) {
     std::cout << "{\"target\":\"" << cfg.target << "\",\"idle_connections_asked\":" << n
               << ",\"opened\":" << opened << ",\"failed_calls\":" << failed
               << ",\"client_bytes_per_connection\":" << Fixed(client_per, 0)
-              << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0) << ",\"error\":\""
+              << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0)
+              << ",\"client_pinned_per_connection\":" << Fixed(client_pin, 0)
+              << ",\"server_pinned_per_connection\":" << Fixed(server_pin, 0)
+              << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\""
               << w.error << "\"}" << std::endl;
   } else {
     std::cout << "idle connections: " << opened << " of " << n << " opened"
               << (w.error.empty() ? "" : " (first error: " + w.error + ")") << "\n"
               << "client RSS per connection: " << Fixed(client_per / 1024, 1) << " KiB\n"
-              << "server RSS per connection: " << Fixed(server_per / 1024, 1) << " KiB\n";
+              << "server RSS per connection: " << Fixed(server_per / 1024, 1) << " KiB\n"
+              << "client pinned per connection: " << Fixed(client_pin / 1024, 1) << " KiB\n"
+              << "server pinned per connection: " << Fixed(server_pin / 1024, 1) << " KiB\n";
   }
   std::this_thread::sleep_for(std::chrono::seconds(hold_s));
   return finish(opened == n && failed == 0 ? 0 : 1);
@@ -429,6 +449,8 @@ int RunClient(const ClientConfig& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Both sides: one descriptor per connection (its CM event channel), thousands of connections.
+  rdmarpc::examples::RaiseFileLimit();
   rdmarpc::examples::Flags flags(argc, argv,
                                  rdmarpc::examples::WithPollingFlags({{"server", false},
                                                                       {"listen", true},
