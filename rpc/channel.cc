@@ -11,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <deque>
 #include <future>
 #include <optional>
 #include <random>
@@ -103,7 +104,141 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& slot = *slots_[index];
     slot.reply = &reply;
     slot.wait_for_ready = options.wait_for_ready;
+    if (Status s = co_await SendRequest(index, method, request, options, deadline); !s.ok()) {
+      co_return s;
+    }
+    const uint64_t call_id = (static_cast<uint64_t>(slot.generation) << 32) | index;
+    co_await Suspend(index, deadline);
+    Status status;
+    if (slot.done) {
+      status = std::move(slot.status);
+      FreeSlot(index);
+      co_return NameUnknownMethod(std::move(status), method);
+    }
+    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+        asio::cancellation_type::none) {
+      // The caller cancelled (e.g. through a cancellation slot bound to this call).
+      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
+    } else {
+      status = DeadlineStatus(options);
+    }
+    SendCancel(call_id);
+    Abandon(index);
+    co_return status;
+  }
 
+  // --- server streams (ClientReader) ---------------------------------------------------------
+  // Sends the request of a server-streaming call; on success `*index` is its slot.
+  asio::awaitable<Status> OpenStream(const MethodInfo& method,
+                                     const google::protobuf::MessageLite& request,
+                                     const CallOptions& options, uint32_t* index,
+                                     uint32_t* generation) {
+    if (state_ == State::kShutdown) {
+      co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
+    }
+    auto self = shared_from_this();
+    const auto deadline = EffectiveDeadline(options);
+    const uint32_t i = AllocSlot();
+    Slot& slot = *slots_[i];
+    slot.streaming = true;
+    slot.method = &method;
+    slot.stream_deadline = deadline;
+    slot.timeout = options.timeout;
+    slot.wait_for_ready = options.wait_for_ready;
+    if (Status s = co_await SendRequest(i, method, request, options, deadline); !s.ok()) {
+      co_return s;
+    }
+    *index = i;
+    *generation = slot.generation;
+    co_return Status();
+  }
+
+  // The next message of stream `index` into `out`: true, or false once the stream is over (its
+  // Status waits for FinishStream). Waits within the stream's deadline; the caller may cancel.
+  asio::awaitable<bool> ReadStream(uint32_t index, uint32_t generation,
+                                   google::protobuf::MessageLite& out) {
+    auto self = shared_from_this();
+    if (!IsStream(index, generation)) co_return false;
+    Slot& s = *slots_[index];
+    for (;;) {
+      if (!s.messages.empty()) {
+        std::string m = std::move(s.messages.front());
+        s.messages.pop_front();
+        TookStreamMessage(index, m.size());
+        if (!out.ParseFromString(m)) {
+          StopStream(index, Status(StatusCode::kInternal,
+                                   "stream message does not parse as " + out.GetTypeName()));
+          co_return false;
+        }
+        co_return true;
+      }
+      if (s.done) co_return false;
+      co_await Suspend(index, s.stream_deadline);
+      if (!s.messages.empty() || s.done) continue;
+      // Woken with nothing new: the deadline passed or the caller cancelled.
+      const bool cancelled = (co_await asio::this_coro::cancellation_state).cancelled() !=
+                             asio::cancellation_type::none;
+      StopStream(index, cancelled ? Status(StatusCode::kCancelled,
+                                           "stream from " + target_ + " cancelled by the caller")
+                                  : StreamDeadlineStatus(s.timeout));
+      co_return false;
+    }
+  }
+
+  // Waits for the end of stream `index` (dropping messages not read) and returns how it ended;
+  // the stream is released.
+  asio::awaitable<Status> FinishStream(uint32_t index, uint32_t generation) {
+    auto self = shared_from_this();
+    if (!IsStream(index, generation)) {
+      co_return Status(StatusCode::kFailedPrecondition, "stream already finished");
+    }
+    Slot& s = *slots_[index];
+    while (!s.done) {
+      while (!s.messages.empty()) {
+        TookStreamMessage(index, s.messages.front().size());
+        s.messages.pop_front();
+      }
+      if (s.done) break;
+      co_await Suspend(index, s.stream_deadline);
+      if (!s.messages.empty() || s.done) continue;
+      const bool cancelled = (co_await asio::this_coro::cancellation_state).cancelled() !=
+                             asio::cancellation_type::none;
+      StopStream(index, cancelled ? Status(StatusCode::kCancelled,
+                                           "stream from " + target_ + " cancelled by the caller")
+                                  : StreamDeadlineStatus(s.timeout));
+    }
+    Status status = NameUnknownMethod(std::move(s.status), *s.method);
+    ReleaseStream(index, generation);
+    co_return status;
+  }
+
+  // The reader is gone or cancels: the server is told (CANCEL) unless the stream had ended, and
+  // the slot goes once the server no longer counts the call. Idempotent.
+  void CancelStream(uint32_t index, uint32_t generation) {
+    if (!IsStream(index, generation)) return;
+    StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
+  }
+  void ReleaseStream(uint32_t index, uint32_t generation) {
+    if (!IsStream(index, generation)) return;
+    Slot& s = *slots_[index];
+    StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
+    s.messages.clear();
+    s.buffered = 0;
+    if (s.server_done) {
+      FreeSlot(index);
+    } else {
+      Abandon(index);  // freed by the server's acknowledgement of the CANCEL
+    }
+  }
+
+  // (Call's admission and sending, shared with OpenStream.)
+  // Admits the call in slot `index` (waiting for room or the connection, in order, within its
+  // deadline) and sends its request. On failure the slot is freed and the Status says why.
+  asio::awaitable<Status> SendRequest(uint32_t index, const MethodInfo& method,
+                                      const google::protobuf::MessageLite& request,
+                                      const CallOptions& options,
+                                      std::chrono::steady_clock::time_point deadline) {
+    Slot& slot = *slots_[index];
     // Admission: a ready connection with room under the concurrency limit, else wait in order
     // (or fail at once when not connected, unless the caller asked to wait for readiness).
     while (!(state_ == State::kReady && waiting_.empty() && HasRoom())) {
@@ -157,30 +292,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     slot.sent = true;
     ++in_flight_;
-    co_await Suspend(index, deadline);
-    Status status;
-    if (slot.done) {
-      status = std::move(slot.status);
-      FreeSlot(index);
-      if (status.code() == StatusCode::kUnimplemented &&
-          status.message().starts_with(kUnknownMethodPrefix)) {
-        // The wire carries only the method's hash; we know its name (issue 14).
-        status = Status(StatusCode::kUnimplemented, "method " + std::string(method.full_name) +
-                                                        " is not served by " + target_ + " (" +
-                                                        status.message() + ")");
-      }
-      co_return status;
-    }
-    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
-        asio::cancellation_type::none) {
-      // The caller cancelled (e.g. through a cancellation slot bound to this call).
-      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
-    } else {
-      status = DeadlineStatus(options);
-    }
-    SendCancel(call_id);
-    Abandon(index);
-    co_return status;
+    co_return Status();
   }
 
   void OnMessage(std::span<const std::byte> message) override {
@@ -195,6 +307,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     switch (f.header.type) {
       case FrameType::kResponse:
         OnResponse(f);
+        break;
+      case FrameType::kStreamMessage:
+        OnStreamMessage(f);
         break;
       case FrameType::kPing:
         internal::SendPong(*conn_, f.header.call_id);
@@ -292,6 +407,17 @@ class ChannelCore final : public transport::ConnectionHandler,
     // reply that crossed the CANCEL) or the end of the connection.
     bool abandoned = false;
     bool wait_for_ready = false;
+    // Server streams: messages received and not read yet (with their frame bytes), frame bytes
+    // read since the last WINDOW, and whether the server is done with the call (its final
+    // RESPONSE came, or the connection went): only then may the slot be reused.
+    bool streaming = false;
+    bool server_done = false;
+    const MethodInfo* method = nullptr;
+    Clock::time_point stream_deadline = Clock::time_point::max();
+    std::chrono::nanoseconds timeout{0};
+    std::deque<std::string> messages;
+    uint64_t buffered = 0;
+    uint64_t unreported = 0;
   };
 
   // An intrusive FIFO of the calls waiting for room or for the connection (no allocation).
@@ -510,6 +636,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& s = *slots_[index];
     s.active = true;
     s.done = s.sent = s.queued = s.abandoned = false;
+    s.streaming = s.server_done = false;
+    s.method = nullptr;
+    s.buffered = s.unreported = 0;
     return index;
   }
 
@@ -521,6 +650,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.active = s.sent = s.abandoned = false;
     s.reply = nullptr;
     s.status = Status();
+    s.messages.clear();
     ++s.generation;
     free_.push_back(index);
     if (!was_sent) return;
@@ -536,6 +666,24 @@ class ChannelCore final : public transport::ConnectionHandler,
     const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
     if (index >= slots_.size()) return;
     Slot& s = *slots_[index];
+    if (s.active && s.sent && s.streaming && s.generation == gen && !s.server_done) {
+      // The end of a stream: its status. A reader that stopped early keeps its own.
+      s.server_done = true;
+      if (s.abandoned) {
+        FreeSlot(index);
+        return;
+      }
+      if (!s.done) {
+        const auto code = static_cast<StatusCode>(f.header.status);
+        s.status = code == StatusCode::kOk
+                       ? Status()
+                       : Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
+                                                  f.payload.size()));
+        s.done = true;
+      }
+      Resume(s);
+      return;
+    }
     if (!s.active || !s.sent || s.done || s.generation != gen) return;  // late reply
     if (s.abandoned) {
       FreeSlot(index);  // the server is done with it too: it no longer counts
@@ -555,6 +703,74 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     s.done = true;
     Resume(s);
+  }
+
+  // One message of a stream, kept until the reader takes it. A server that sends past the
+  // stream's window (it had no credit left when it sent this) breaks the protocol.
+  void OnStreamMessage(const DecodedFrame& f) {
+    const uint32_t index = static_cast<uint32_t>(f.header.call_id);
+    const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
+    if (index >= slots_.size()) return;
+    Slot& s = *slots_[index];
+    if (!s.active || !s.sent || !s.streaming || s.generation != gen || s.server_done) return;
+    if (s.abandoned || s.done) return;  // the reader stopped; our CANCEL is on its way
+    if (s.buffered + s.unreported >= kStreamWindowBytes) {
+      LoseConnection("server sent past a stream's flow-control window");
+      return;
+    }
+    s.messages.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+    s.buffered += kFrameHeaderBytes + f.payload.size();
+    Resume(s);
+  }
+
+  bool IsStream(uint32_t index, uint32_t generation) const {
+    return index < slots_.size() && slots_[index]->active && slots_[index]->streaming &&
+           slots_[index]->generation == generation && !slots_[index]->abandoned;
+  }
+
+  // The reader took a message of `payload_bytes`: once half a window has been read, tell the
+  // server it may send that much more.
+  void TookStreamMessage(uint32_t index, size_t payload_bytes) {
+    Slot& s = *slots_[index];
+    const uint64_t cost = kFrameHeaderBytes + payload_bytes;
+    s.buffered -= cost;
+    s.unreported += cost;
+    if (s.unreported >= kStreamWindowBytes / 2 && !s.done && conn_ && !conn_->closed()) {
+      FrameHeader h;
+      h.type = FrameType::kWindow;
+      h.call_id = (static_cast<uint64_t>(s.generation) << 32) | index;
+      char bytes[kWindowBytes];
+      for (size_t i = 0; i < kWindowBytes; ++i)
+        bytes[i] = static_cast<char>(s.unreported >> (8 * i));
+      conn_->Send(internal::FrameWriter(h, std::string_view(bytes, kWindowBytes)));
+      s.unreported = 0;
+    }
+  }
+
+  // The reader stops the stream with `why` (unless it has ended already): the server is told.
+  void StopStream(uint32_t index, Status why) {
+    Slot& s = *slots_[index];
+    if (s.done) return;
+    s.done = true;
+    s.status = std::move(why);
+    if (!s.server_done) SendCancel((static_cast<uint64_t>(s.generation) << 32) | index);
+  }
+
+  Status StreamDeadlineStatus(std::chrono::nanoseconds timeout) const {
+    CallOptions o;
+    o.timeout = timeout;
+    return DeadlineStatus(o);
+  }
+
+  // The wire carries only the method's hash; we know its name (issue 14).
+  Status NameUnknownMethod(Status status, const MethodInfo& method) const {
+    if (status.code() == StatusCode::kUnimplemented &&
+        status.message().starts_with(kUnknownMethodPrefix)) {
+      return Status(StatusCode::kUnimplemented, "method " + std::string(method.full_name) +
+                                                    " is not served by " + target_ + " (" +
+                                                    status.message() + ")");
+    }
+    return status;
   }
 
   void OnSettings(const DecodedFrame& f) {
@@ -648,6 +864,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (slots_[i]->active && slots_[i]->abandoned) FreeSlot(i);
     }
     for (auto& s : slots_) {
+      if (s->active && s->sent && s->streaming) s->server_done = true;
       if (s->active && s->sent && !s->done) {
         s->status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
         s->done = true;
@@ -802,6 +1019,58 @@ Result<std::shared_ptr<Channel>> Channel::ConnectBlocking(std::string uri, Chann
   r.value()->own_loop_ = std::move(loop);
   return r;
 }
+
+asio::awaitable<internal::StreamRef> Channel::OpenStream(
+    const MethodInfo& method, const google::protobuf::MessageLite& request,
+    const CallOptions& options) {
+  internal::StreamRef ref;
+  ref.core = core_;
+  ref.executor = executor_;
+  auto current = co_await asio::this_coro::executor;
+  // (if/else, not ?: : GCC 12 mishandles a co_await in a conditional expression's operands.)
+  Status s;
+  if (current == executor_) {
+    s = co_await core_->OpenStream(method, request, options, &ref.index, &ref.generation);
+  } else {
+    s = co_await asio::co_spawn(
+        executor_, core_->OpenStream(method, request, options, &ref.index, &ref.generation),
+        asio::use_awaitable);
+  }
+  if (!s.ok()) {
+    ref.core.reset();
+    ref.error = std::move(s);
+  }
+  co_return ref;
+}
+
+namespace internal {
+
+asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::MessageLite& out) {
+  auto current = co_await asio::this_coro::executor;
+  if (current == ref.executor)
+    co_return co_await ref.core->ReadStream(ref.index, ref.generation, out);
+  co_return co_await asio::co_spawn(
+      ref.executor, ref.core->ReadStream(ref.index, ref.generation, out), asio::use_awaitable);
+}
+
+asio::awaitable<Status> FinishStream(const StreamRef& ref) {
+  auto current = co_await asio::this_coro::executor;
+  if (current == ref.executor) co_return co_await ref.core->FinishStream(ref.index, ref.generation);
+  co_return co_await asio::co_spawn(ref.executor, ref.core->FinishStream(ref.index, ref.generation),
+                                    asio::use_awaitable);
+}
+
+void CancelStream(const StreamRef& ref) {
+  asio::post(ref.executor,
+             [core = ref.core, i = ref.index, g = ref.generation] { core->CancelStream(i, g); });
+}
+
+void ReleaseStream(const StreamRef& ref) {
+  asio::post(ref.executor,
+             [core = ref.core, i = ref.index, g = ref.generation] { core->ReleaseStream(i, g); });
+}
+
+}  // namespace internal
 
 asio::awaitable<Status> Channel::Call(const MethodInfo& method,
                                       const google::protobuf::MessageLite& request,

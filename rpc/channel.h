@@ -58,7 +58,20 @@ struct ChannelOptions {
 
 namespace internal {
 class ChannelCore;
-}
+
+// A client stream's place in its channel (ClientReader holds one). `core` is null when the
+// stream did not start; `error` then says why.
+struct StreamRef {
+  std::shared_ptr<ChannelCore> core;
+  transport::Executor executor;
+  uint32_t index = 0, generation = 0;
+  Status error;
+};
+boost::asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::MessageLite& out);
+boost::asio::awaitable<Status> FinishStream(const StreamRef& ref);
+void CancelStream(const StreamRef& ref);   // thread-safe
+void ReleaseStream(const StreamRef& ref);  // thread-safe; cancels a running stream
+}  // namespace internal
 
 class Channel {
  public:
@@ -90,6 +103,12 @@ class Channel {
                                       const google::protobuf::MessageLite& request,
                                       google::protobuf::MessageLite& reply,
                                       const CallOptions& options);
+
+  // Starts a server-streaming call: sends the request and returns the stream's handle, which a
+  // ClientReader reads (generated stubs wrap this). `request` must outlive the co_await.
+  boost::asio::awaitable<internal::StreamRef> OpenStream(
+      const MethodInfo& method, const google::protobuf::MessageLite& request,
+      const CallOptions& options);
 
   // Runs `work` on the channel's executor and waits for its result. For blocking stubs; must
   // not be called from the channel's own thread (it would deadlock, so it throws instead).

@@ -43,6 +43,10 @@ const char* FrameTypeName(FrameType t) {
       return "GOAWAY";
     case FrameType::kSettings:
       return "SETTINGS";
+    case FrameType::kStreamMessage:
+      return "STREAM_MESSAGE";
+    case FrameType::kWindow:
+      return "WINDOW";
   }
   return "UNKNOWN";
 }
@@ -71,7 +75,7 @@ std::string DecodeFrame(std::span<const std::byte> m, DecodedFrame* out) {
   FrameHeader& h = out->header;
   const uint8_t type = static_cast<uint8_t>(m[2]);
   if (type < static_cast<uint8_t>(FrameType::kRequest) ||
-      type > static_cast<uint8_t>(FrameType::kSettings)) {
+      type > static_cast<uint8_t>(FrameType::kWindow)) {
     return "unknown frame type " + std::to_string(type);
   }
   h.type = static_cast<FrameType>(type);

@@ -38,7 +38,18 @@ enum class FrameType : uint8_t {
   kPong = 5,
   kGoAway = 6,
   kSettings = 7,
+  kStreamMessage = 8,  // one message of a server stream (server -> client), in order
+  kWindow = 9,         // stream flow control: the client read this much more (client -> server)
 };
+
+// Server streams: a server may send a stream's next message while the frame bytes it has sent
+// on that stream beyond what the client has acknowledged with WINDOW frames are under this (so
+// a message larger than the window still goes, alone). The client acknowledges as its reader
+// takes messages, once half a window has been read. What a slow reader makes either side hold
+// per stream: at most this plus one message.
+inline constexpr uint64_t kStreamWindowBytes = 256 * 1024;
+// A WINDOW frame's payload: u64, the frame bytes read since the last one.
+inline constexpr size_t kWindowBytes = 8;
 
 struct FrameHeader {
   FrameType type = FrameType::kRequest;

@@ -7,3 +7,4 @@
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
+#include "rpc/stream.h"

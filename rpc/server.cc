@@ -283,6 +283,13 @@ class ServerConnection final : public transport::ConnectionHandler,
       case FrameType::kCancel:
         OnCancel(f.header.call_id);
         break;
+      case FrameType::kWindow:
+        if (f.payload.size() != kWindowBytes) {
+          Break(Status(StatusCode::kInvalidArgument, "malformed WINDOW frame"));
+          return;
+        }
+        OnWindow(f.header.call_id, f.payload);
+        break;
       default:
         // PONG needs nothing beyond keepalive_.Heard(); other types are not meant for a server
         // and are ignored, as the protocol specifies.
@@ -321,6 +328,26 @@ class ServerConnection final : public transport::ConnectionHandler,
     if (hook->next) hook->next->prev = hook->prev;
     if (running_ == hook) running_ = hook->next;
     hook->prev = hook->next = nullptr;
+  }
+
+  bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
+                         size_t* cost, Status* error) override {
+    if (!conn_ || conn_->closed()) return false;
+    FrameHeader h;
+    h.type = FrameType::kStreamMessage;
+    h.call_id = call_id;
+    FrameWriter w(h, nullptr, &message);
+    if (w.size() > conn_->max_message_bytes()) {
+      *error =
+          Status(StatusCode::kResourceExhausted, "stream message of " + std::to_string(w.size()) +
+                                                     " bytes exceeds the message limit of " +
+                                                     std::to_string(conn_->max_message_bytes()));
+      return false;
+    }
+    if (!conn_->Send(w)) return false;
+    *cost = w.size();
+    Throttle();
+    return true;
   }
 
   void FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
@@ -453,6 +480,20 @@ class ServerConnection final : public transport::ConnectionHandler,
     }
   }
 
+  // The caller read more of a stream: the writer may send that much more. A WINDOW for a call
+  // that has ended (crossed its end on the wire) is ignored.
+  void OnWindow(uint64_t call_id, std::span<const std::byte> payload) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < kWindowBytes; ++i)
+      bytes |= std::to_integer<uint64_t>(payload[i]) << (8 * i);
+    for (CancelHook* h = running_; h; h = h->next) {
+      if (h->call_id == call_id) {
+        h->AddCredit(bytes);
+        return;
+      }
+    }
+  }
+
   void OnRequest(const DecodedFrame& f, size_t bytes) {
     FrameHeader reply;
     reply.type = FrameType::kResponse;
@@ -518,6 +559,23 @@ class ServerConnection final : public transport::ConnectionHandler,
   bool broken_ = false;            // protocol error: closing once its calls are done
   CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
 };
+
+asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
+  for (;;) {
+    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
+    if (call_.hook().credit > 0) break;
+    // Out of credit: wait for the caller's WINDOW (or its cancel, or the connection's end).
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
+        [this](auto handler) {
+          asio::any_completion_handler<void()>(std::move(handler)).swap(call_.hook().credit_waiter);
+        },
+        asio::use_awaitable);
+  }
+  size_t cost = 0;
+  if (!call_.sink()->SendStreamMessage(call_.call_id(), message, &cost, &error_)) co_return false;
+  call_.hook().credit -= static_cast<int64_t>(cost);
+  co_return true;
+}
 
 }  // namespace internal
 

@@ -5,11 +5,14 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <algorithm>
+#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>  // for users of generated code, as before
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -39,11 +42,32 @@ struct CancelHook {
   CancelHook* prev = nullptr;
   CancelHook* next = nullptr;
 
+  // Server streams: the bytes the caller still lets us send (see kStreamWindowBytes; negative
+  // after a message larger than what was left), and the writer waiting for more.
+  int64_t credit = 0;
+  boost::asio::any_completion_handler<void()> credit_waiter;
+  transport::Executor executor;  // the connection's: where the writer resumes
+
   // Marks the call cancelled and cancels what its handler awaits; once only.
   void Cancel() {
     if (context->cancelled()) return;
     context->MarkCancelled();
     signal->emit(boost::asio::cancellation_type::terminal);
+    WakeWriter();
+  }
+
+  // A WINDOW frame: the caller read `bytes` more of the stream.
+  void AddCredit(uint64_t bytes) {
+    credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
+    WakeWriter();
+  }
+
+  // Resumes a writer waiting for credit (posted: never inside the frame that caused it).
+  void WakeWriter() {
+    if (!credit_waiter) return;
+    boost::asio::any_completion_handler<void()> h;
+    h.swap(credit_waiter);  // swap: Boost 1.81's move-assignment recurses
+    boost::asio::post(executor, [h = std::move(h)]() mutable { std::move(h)(); });
   }
 };
 
@@ -71,6 +95,11 @@ class CallSink {
                           const google::protobuf::MessageLite* reply, bool deliver) = 0;
   virtual void Track(CancelHook* hook) = 0;
   virtual void Untrack(CancelHook* hook) = 0;
+  // Server streams: sends one message of call `call_id`'s stream and says what it cost in
+  // stream credit. False when it cannot go: the connection is gone (stream over, `error`
+  // untouched) or the message is over the limit (`error` says so).
+  virtual bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
+                                 size_t* cost, Status* error) = 0;
   virtual const transport::Executor& executor() const = 0;
 };
 }  // namespace internal
@@ -96,6 +125,8 @@ class ServerCall {
 
   ServerContext& context() { return context_; }
   const transport::Executor& executor() const { return sink_->executor(); }
+  uint64_t call_id() const { return call_id_; }
+  internal::CancelHook& hook() { return hook_; }
   // Where the call runs (for the handler template); null once finished.
   internal::CallSink* sink() const { return sink_.get(); }
 
@@ -106,6 +137,7 @@ class ServerCall {
     hook_.call_id = call_id_;
     hook_.context = &context_;
     hook_.signal = signal;
+    hook_.executor = sink_->executor();
     sink_->Track(&hook_);
     tracked_ = true;
   }
@@ -126,6 +158,44 @@ class ServerCall {
   ServerContext context_;
   internal::CancelHook hook_;
   bool tracked_ = false;
+};
+
+namespace internal {
+// The non-template half of ServerWriter (server.cc).
+class ServerStream {
+ public:
+  explicit ServerStream(ServerCall& call) : call_(call) {}
+  boost::asio::awaitable<bool> Write(const google::protobuf::MessageLite& message);
+  // Set when a message could not be sent for a reason of its own (too large): the call ends
+  // with it, whatever the handler returns.
+  const Status& error() const { return error_; }
+
+ private:
+  ServerCall& call_;
+  Status error_;
+};
+}  // namespace internal
+
+// The sending end of a server stream, handed to a server-streaming method's handler. Owned by
+// the call; valid until the handler returns. Use from the handler's coroutine only.
+template <class Resp>
+class ServerWriter {
+ public:
+  explicit ServerWriter(ServerCall& call) : stream_(call) {}
+  ServerWriter(const ServerWriter&) = delete;
+  ServerWriter& operator=(const ServerWriter&) = delete;
+
+  // Sends `message`, after those written before it. Waits while the caller's flow-control window
+  // is used up (kStreamWindowBytes: a slow reader slows the writer down; memory stays bounded).
+  // Returns false when the stream is over (the caller cancelled or its deadline passed, the
+  // connection is gone) or `message` is over the message limit (the call then ends with
+  // RESOURCE_EXHAUSTED, whatever the handler returns): stop writing and return.
+  boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }
+
+  const Status& error() const { return stream_.error(); }
+
+ private:
+  internal::ServerStream stream_;
 };
 
 class Service;
@@ -197,6 +267,55 @@ class UnaryMethodHandler final : public MethodHandler {
     ServerCall call;
     Req request;
     Resp reply;
+  };
+
+  Invoker invoke_;
+};
+
+// The handler of a server-streaming method: one request, any number of replies written through
+// a ServerWriter, then the handler's Status ends the stream. A generated constant.
+template <class Req, class Resp>
+class ServerStreamingMethodHandler final : public MethodHandler {
+ public:
+  using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&,
+                                                     ServerWriter<Resp>&);
+  explicit constexpr ServerStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+
+  void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
+    internal::CallSink* sink = call.sink();
+    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
+    if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      job->call.Finish(Status(StatusCode::kInvalidArgument,
+                              "request does not parse as " + job->request.GetTypeName()),
+                       nullptr);
+      return;
+    }
+    sink->Run(std::move(job));
+  }
+
+ private:
+  struct Job final : internal::CallJob {
+    Job(Invoker i, Service& s, ServerCall c)
+        : invoke(i), service(s), call(std::move(c)), writer(call) {}
+    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+      call.TrackCancellation(cancel);
+      call.hook().credit = static_cast<int64_t>(kStreamWindowBytes);
+      Status status;
+      try {
+        status = co_await invoke(service, call.context(), request, writer);
+      } catch (const std::exception& e) {
+        status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+      } catch (...) {
+        status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+      }
+      if (!writer.error().ok()) status = writer.error();
+      call.Finish(status, nullptr);
+    }
+    Invoker invoke;
+    Service& service;
+    ServerCall call;
+    ServerWriter<Resp> writer;  // after call: refers to it
+    Req request;
   };
 
   Invoker invoke_;

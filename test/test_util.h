@@ -41,6 +41,20 @@ inline std::vector<std::string> ListenUris() {
   return uris;
 }
 
+// `n` pseudo-random bytes determined by `seed`: payloads whose corruption a
+// test can see.
+inline std::string Pattern(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s[i] = static_cast<char>(x);
+  }
+  return s;
+}
+
 class TestServiceImpl final : public TestService::Service {
  public:
   boost::asio::awaitable<Status> Echo(ServerContext& ctx, const EchoRequest& req,
@@ -104,6 +118,42 @@ class TestServiceImpl final : public TestService::Service {
     reply = *r;
     co_return Status();
   }
+  boost::asio::awaitable<Status> Count(ServerContext& ctx, const CountRequest& req,
+                                       ServerWriter<CountReply>& writer) override {
+    ++streams_running;
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{streams_running};
+    CountReply reply;
+    for (uint64_t i = 0; i < req.count(); ++i) {
+      reply.set_seq(i);
+      if (req.payload_bytes()) *reply.mutable_payload() = Pattern(req.payload_bytes(), i);
+      if (!co_await writer.Write(reply)) {
+        ++streams_stopped;
+        co_return Status(StatusCode::kCancelled, "stream stopped after " + std::to_string(i));
+      }
+      stream_messages_sent.fetch_add(1);
+    }
+    if (req.block_after()) {
+      boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+      while (!ctx.cancelled()) {
+        t.expires_after(std::chrono::milliseconds(10));
+        co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+      }
+      ++streams_stopped;
+      co_return Status(StatusCode::kCancelled, "cancelled while blocked");
+    }
+    if (req.fail_code()) {
+      co_return Status(static_cast<StatusCode>(req.fail_code()),
+                       "failed after " + std::to_string(req.count()));
+    }
+    co_return Status();
+  }
+  // Count streams running now; those that ended because Write said the stream was over (or the
+  // caller cancelled while blocked); messages written in all.
+  std::atomic<int> streams_running{0}, streams_stopped{0};
+  std::atomic<uint64_t> stream_messages_sent{0};
   boost::asio::awaitable<Status> Block(ServerContext&, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms()));
@@ -125,20 +175,6 @@ struct TestServer {
   Server server;
   std::string uri;
 };
-
-// `n` pseudo-random bytes determined by `seed`: payloads whose corruption a
-// test can see.
-inline std::string Pattern(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    s[i] = static_cast<char>(x);
-  }
-  return s;
-}
 
 // Connects or throws (for tests where a failed connect is not the subject).
 inline boost::asio::awaitable<std::shared_ptr<Channel>> MustConnect(std::string uri,

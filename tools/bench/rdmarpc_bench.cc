@@ -330,8 +330,8 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s) {
               << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0)
               << ",\"client_pinned_per_connection\":" << Fixed(client_pin, 0)
               << ",\"server_pinned_per_connection\":" << Fixed(server_pin, 0)
-              << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\""
-              << w.error << "\"}" << std::endl;
+              << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\"" << w.error
+              << "\"}" << std::endl;
   } else {
     std::cout << "idle connections: " << opened << " of " << n << " opened"
               << (w.error.empty() ? "" : " (first error: " + w.error + ")") << "\n"

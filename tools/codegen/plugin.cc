@@ -2,7 +2,9 @@
 // virtual coroutine per method, a coroutine client Stub and a BlockingStub.
 //
 // Output for foo/bar.proto: foo/bar.rdmarpc.pb.h and foo/bar.rdmarpc.pb.cc, next to protoc's own
-// foo/bar.pb.h. Streaming methods are rejected with an error naming the method.
+// foo/bar.pb.h. Server-streaming methods get a ServerWriter on the server and a ClientReader on
+// the client; client-streaming and bidirectional methods are rejected with an error naming the
+// method.
 #include <google/protobuf/compiler/code_generator.h>
 #include <google/protobuf/compiler/plugin.h>
 #include <google/protobuf/descriptor.h>
@@ -101,12 +103,10 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       const ServiceDescriptor* s = file->service(i);
       for (int j = 0; j < s->method_count(); ++j) {
         const MethodDescriptor* m = s->method(j);
-        if (m->client_streaming() || m->server_streaming()) {
+        if (m->client_streaming()) {
           *error = "rdmarpc: method " + m->full_name() + " in " + file->name() + " is " +
-                   (m->client_streaming() && m->server_streaming() ? "bidirectional-streaming"
-                    : m->client_streaming()                        ? "client-streaming"
-                                                                   : "server-streaming") +
-                   "; streaming methods are not supported yet (only unary methods are)";
+                   (m->server_streaming() ? "bidirectional-streaming" : "client-streaming") +
+                   "; only unary and server-streaming methods are supported yet";
           return false;
         }
       }
@@ -168,6 +168,15 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
+        if (s->method(j)->server_streaming()) {
+          p->Print(MethodVars(s->method(j)),
+                   "// Server stream: write any number of replies, then return the Status that\n"
+                   "// ends the stream.\n"
+                   "virtual ::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
+                   "    ::rdmarpc::ServerContext& context, const $req$& request,\n"
+                   "    ::rdmarpc::ServerWriter<$resp$>& writer);\n");
+          continue;
+        }
         p->Print(MethodVars(s->method(j)),
                  "virtual ::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
                  "    ::rdmarpc::ServerContext& context, const $req$& request, $resp$& reply);\n");
@@ -186,6 +195,13 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
+        if (s->method(j)->server_streaming()) {
+          p->Print(MethodVars(s->method(j)),
+                   "// Server stream: read it with the returned reader (rpc/stream.h).\n"
+                   "::boost::asio::awaitable<::rdmarpc::ClientReader<$resp$>> $name$(\n"
+                   "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
+          continue;
+        }
         p->Print(MethodVars(s->method(j)),
                  "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $name$(\n"
                  "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n"
@@ -208,6 +224,12 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
+        if (s->method(j)->server_streaming()) {
+          p->Print(MethodVars(s->method(j)),
+                   "::rdmarpc::BlockingReader<$resp$> $name$(\n"
+                   "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
+          continue;
+        }
         p->Print(MethodVars(s->method(j)),
                  "::rdmarpc::Result<$resp$> $name$(\n"
                  "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
@@ -241,6 +263,19 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["qsvc"] = qns + "::" + ServiceClassName(s);
         vars["j"] = std::to_string(j);
+        if (s->method(j)->server_streaming()) {
+          p->Print(
+              vars,
+              "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
+              "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
+              "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
+              "    const $req$& request, ::rdmarpc::ServerWriter<$resp$>& writer) {\n"
+              "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, writer);\n"
+              "}\n"
+              "const ::rdmarpc::ServerStreamingMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
+              "    &$svc$_$j$_invoke);\n\n");
+          continue;
+        }
         p->Print(
             vars,
             "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
@@ -283,6 +318,28 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["tag"] = tag;
         vars["j"] = std::to_string(j);
+        if (s->method(j)->server_streaming()) {
+          p->Print(
+              vars,
+              "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
+              "    ::rdmarpc::ServerContext&, const $req$&, ::rdmarpc::ServerWriter<$resp$>&) {\n"
+              "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
+              "                              \"method $wire$ is not implemented by this "
+              "server\");\n"
+              "}\n\n"
+              "::boost::asio::awaitable<::rdmarpc::ClientReader<$resp$>> $svc$::Stub::$name$(\n"
+              "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+              "  co_return ::rdmarpc::ClientReader<$resp$>(co_await rdmarpc_channel_->OpenStream(\n"
+              "      ::$tag$::k$svc$_$j$_info, request, options));\n"
+              "}\n\n"
+              "::rdmarpc::BlockingReader<$resp$> $svc$::BlockingStub::$name$(\n"
+              "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
+              "  return ::rdmarpc::BlockingReader<$resp$>(\n"
+              "      rdmarpc_channel_, "
+              "rdmarpc_channel_->Run(Stub(rdmarpc_channel_).$name$(request, options)));\n"
+              "}\n\n");
+          continue;
+        }
         p->Print(
             vars,
             "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"

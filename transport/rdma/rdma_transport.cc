@@ -813,6 +813,7 @@ class RdmaConnection final : public Connection,
     }
     if (wc.wr_id != kRecvWrId) {
       // A signaled send: it and everything before it has left the send queue.
+      const size_t queued_before = queued_send_bytes();
       send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
       const uint64_t tag = (wc.wr_id >> 32) & 0xff;
       const uint32_t slot = static_cast<uint32_t>(wc.wr_id >> 40) & 0xff;
@@ -829,7 +830,10 @@ class RdmaConnection final : public Connection,
         Drain();
         if (handler_.closed()) return;
       }
-      SendPendingAndReport();
+      // Against the queue as it was before this completion: an invalidation that released an
+      // exposed message is progress a paused handler must hear of (it was missed, and a server
+      // paused over a large reply never resumed).
+      SendPendingAndReport(queued_before);
       return;
     }
     // A receive (ThreadDevice::Poll reposts its SRQ request).
@@ -877,8 +881,8 @@ class RdmaConnection final : public Connection,
 
   // From the completion path: sends what credits now allow, finishes a CloseAfterSending, and
   // tells a handler that paused receiving that its queue went down.
-  void SendPendingAndReport() {
-    const size_t before = queued_send_bytes();
+  void SendPendingAndReport() { SendPendingAndReport(queued_send_bytes()); }
+  void SendPendingAndReport(size_t before) {
     ReturnCredits();  // any held back while the send queue was full
     SendPending();
     if (handler_.closed()) return;

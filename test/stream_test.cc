@@ -1,0 +1,295 @@
+// Server streams (issue 13), over every transport the environment offers: tcp:// on the host, and
+// rdma:// in the Soft-RoCE VM (rdma_vm_test). Order and exactly-once delivery, the end status,
+// flow control against a reader that stops, cancellation from either side, deadlines, a server
+// that goes away mid-stream, large messages, many streams at once, and the blocking API.
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <thread>
+
+#include "test/test_util.h"
+
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+namespace {
+
+// Runs `work` on a fresh event-loop thread and waits for it.
+template <class T>
+T RunOnLoop(EventLoopThread& loop, asio::awaitable<T> work) {
+  return asio::co_spawn(loop.executor(), std::move(work), asio::use_future).get();
+}
+
+CountRequest Count(uint64_t n, uint32_t payload = 0) {
+  CountRequest r;
+  r.set_count(n);
+  r.set_payload_bytes(payload);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("a server stream delivers every message once, in order, then OK", "[stream][core]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  const uint64_t n = 1'000'000;
+  struct Out {
+    uint64_t got = 0;
+    uint64_t out_of_order = 0;
+    Status status;
+  };
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    Out o;
+    auto ch = co_await Channel::Connect(ts.uri);
+    if (!ch.ok()) {
+      o.status = ch.status();
+      co_return o;
+    }
+    TestService::Stub stub(*ch);
+    auto call = co_await stub.Count(Count(n));
+    while (auto m = co_await call.Read()) {
+      if (m->seq() != o.got) ++o.out_of_order;
+      ++o.got;
+    }
+    o.status = co_await call.Finish();
+    co_return o;
+  }());
+  INFO(out.status.ToString());
+  CHECK(out.status.ok());
+  CHECK(out.got == n);
+  CHECK(out.out_of_order == 0);
+}
+
+TEST_CASE("a stream's payloads arrive intact, 16 MiB messages included", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  for (uint32_t size : {100u, 70'000u, 16u << 20}) {
+    INFO("payload " << size);
+    const uint64_t n = size > (1u << 20) ? 4 : 50;
+    auto call = stub.Count(Count(n, size));
+    uint64_t got = 0;
+    while (auto m = call.Read()) {
+      CHECK(m->seq() == got);
+      CHECK(m->payload() == Pattern(size, got));
+      ++got;
+    }
+    CHECK(got == n);
+    CHECK(call.Finish().ok());
+  }
+}
+
+TEST_CASE("a handler's error ends the stream after its messages", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  CountRequest req = Count(3);
+  req.set_fail_code(static_cast<uint32_t>(StatusCode::kNotFound));
+  auto call = TestService::BlockingStub(*ch).Count(req);
+  int got = 0;
+  while (call.Read()) ++got;
+  CHECK(got == 3);
+  Status s = call.Finish();
+  CHECK(s.code() == StatusCode::kNotFound);
+  CHECK(s.message() == "failed after 3");
+}
+
+TEST_CASE("a reader that stops reading holds back the server: memory stays bounded",
+          "[stream][flow]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  // 100,000 messages of 1 KiB (100 MiB) offered; the reader takes one and stops.
+  auto call = TestService::BlockingStub(*ch).Count(Count(100'000, 1024));
+  REQUIRE(call.Read().has_value());
+  std::this_thread::sleep_for(1s);
+  const uint64_t sent = ts.service.stream_messages_sent.load();
+  // What the window lets the server have outstanding (256 KiB of ~1.06 KiB frames), and no more.
+  const uint64_t window_msgs = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
+  std::printf("stream flow control over %s: a reader that took 1 message held the server at %llu "
+              "messages written (%llu KiB), window %llu KiB\n",
+              listen.c_str(), static_cast<unsigned long long>(sent),
+              static_cast<unsigned long long>(sent * (1024 + kFrameHeaderBytes) / 1024),
+              static_cast<unsigned long long>(kStreamWindowBytes / 1024));
+  CHECK(sent <= window_msgs);
+  CHECK(ts.service.streams_running == 1);
+  // Reading again, the reader gets everything, in order.
+  uint64_t got = 1;
+  while (auto m = call.Read()) {
+    if (m->seq() != got) break;
+    ++got;
+  }
+  CHECK(got == 100'000);
+  CHECK(call.Finish().ok());
+}
+
+TEST_CASE("the caller cancels a stream mid-way: the server's writer stops at once",
+          "[stream][cancel]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SECTION("Cancel()") {
+    auto call = stub.Count(Count(1'000'000'000));
+    for (int i = 0; i < 10; ++i) REQUIRE(call.Read().has_value());
+    call.Cancel();
+    while (call.Read()) {
+    }
+    CHECK(call.Finish().code() == StatusCode::kCancelled);
+  }
+  SECTION("dropping the reader") {
+    auto call = stub.Count(Count(1'000'000'000));
+    for (int i = 0; i < 10; ++i) REQUIRE(call.Read().has_value());
+  }
+  SECTION("cancelling a Read that waits") {
+    EventLoopThread loop;
+    Status s = RunOnLoop(loop, [&]() -> asio::awaitable<Status> {
+      TestService::Stub async_stub(*ch);
+      CountRequest req = Count(1);
+      req.set_block_after(true);
+      auto call = co_await async_stub.Count(req);
+      co_await call.Read();  // the one message; the next Read waits
+      asio::cancellation_signal cancel;
+      asio::steady_timer t(co_await asio::this_coro::executor, 100ms);
+      t.async_wait([&](boost::system::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+      auto m = co_await asio::co_spawn(co_await asio::this_coro::executor, call.Read(),
+                                       asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+      if (m) co_return Status(StatusCode::kInternal, "a message after the cancel");
+      co_return co_await call.Finish();
+    }());
+    CHECK(s.code() == StatusCode::kCancelled);
+  }
+  // The server's handler learns: its Write returns false (or its wait sees the cancel).
+  CHECK(Eventually([&] { return ts.service.streams_running == 0; }, 10000ms));
+  CHECK(ts.service.streams_stopped == 1);
+  // The channel is fine afterwards.
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+TEST_CASE("a stream's deadline covers the whole stream", "[stream][deadline]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  CountRequest req = Count(5);
+  req.set_block_after(true);
+  const auto start = std::chrono::steady_clock::now();
+  auto call = TestService::BlockingStub(*ch).Count(req, {.timeout = 300ms});
+  int got = 0;
+  while (call.Read()) ++got;
+  CHECK(got == 5);
+  Status s = call.Finish();
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(Eventually([&] { return ts.service.streams_running == 0; }, 10000ms));
+}
+
+TEST_CASE("a server that goes away mid-stream ends it with UNAVAILABLE", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto ts = std::make_unique<TestServer>(listen);
+  ChannelOptions o;
+  o.reconnect = false;
+  auto ch = Channel::ConnectBlocking(ts->uri, o);
+  REQUIRE(ch.ok());
+  CountRequest req = Count(2);
+  req.set_block_after(true);
+  auto call = TestService::BlockingStub(*ch).Count(req, {.timeout = 30s});
+  REQUIRE(call.Read().has_value());
+  REQUIRE(call.Read().has_value());
+  std::thread stop([&] { ts.reset(); });
+  while (call.Read()) {
+  }
+  Status s = call.Finish();
+  stop.join();
+  INFO(s.ToString());
+  CHECK_FALSE(s.ok());
+  CHECK((s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCancelled));
+}
+
+TEST_CASE("1,000 streams at once on one channel", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  const int kStreams = 1000;
+  const uint64_t kEach = 100;
+  struct Out {
+    int ok = 0;
+    uint64_t messages = 0;
+    std::string error;
+  };
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    Out o;
+    auto ch = co_await Channel::Connect(ts.uri);
+    if (!ch.ok()) {
+      o.error = ch.status().ToString();
+      co_return o;
+    }
+    TestService::Stub stub(*ch);
+    std::vector<ClientReader<CountReply>> calls;
+    for (int i = 0; i < kStreams; ++i) calls.push_back(co_await stub.Count(Count(kEach)));
+    // Read them round-robin, a message at a time, so that all are open together.
+    std::vector<uint64_t> got(kStreams, 0);
+    bool any = true;
+    while (any) {
+      any = false;
+      for (int i = 0; i < kStreams; ++i) {
+        if (got[i] == kEach) continue;
+        auto m = co_await calls[i].Read();
+        if (!m || m->seq() != got[i]) {
+          got[i] = kEach;  // stop reading this one; Finish says why
+          continue;
+        }
+        ++got[i];
+        ++o.messages;
+        any = true;
+      }
+    }
+    for (auto& c : calls) {
+      Status s = co_await c.Finish();
+      if (s.ok()) {
+        ++o.ok;
+      } else if (o.error.empty()) {
+        o.error = s.ToString();
+      }
+    }
+    co_return o;
+  }());
+  INFO(out.error);
+  CHECK(out.ok == kStreams);
+  CHECK(out.messages == kStreams * kEach);
+}
+
+TEST_CASE("a streaming method the server does not serve is named in UNIMPLEMENTED", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  // A server without TestService: its Count is unknown there.
+  Server server(ServerOptions{.io_threads = 1});
+  auto bound = server.Listen(listen);
+  REQUIRE(bound.ok());
+  server.Start();
+  auto ch = Channel::ConnectBlocking(*bound);
+  REQUIRE(ch.ok());
+  auto call = TestService::BlockingStub(*ch).Count(Count(1));
+  CHECK_FALSE(call.Read().has_value());
+  Status s = call.Finish();
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("rdmarpc.testing.TestService/Count"));
+}
