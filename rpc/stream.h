@@ -50,7 +50,8 @@ class ClientReader {
   boost::asio::awaitable<std::optional<Resp>> Read() {
     if (!ref_.core) co_return std::nullopt;
     Resp message;
-    if (co_await internal::ReadStream(ref_, message)) co_return std::optional<Resp>(std::move(message));
+    if (co_await internal::ReadStream(ref_, message))
+      co_return std::optional<Resp>(std::move(message));
     co_return std::nullopt;
   }
 

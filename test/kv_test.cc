@@ -36,7 +36,8 @@ struct TempDir {
 
 // A KV server in this process on one engine.
 struct KvServer {
-  KvServer(const std::string& engine_name, const std::string& listen = "tcp://127.0.0.1:0")
+  KvServer(const std::string& engine_name, const std::string& listen = "tcp://127.0.0.1:0",
+           size_t history_events = kv::KvService::kHistoryEvents)
       : server(ServerOptions{.io_threads = 2}) {
     if (engine_name == "rocksdb") {
       dir = std::make_unique<TempDir>();
@@ -46,7 +47,7 @@ struct KvServer {
     } else {
       engine = kv::NewMemoryEngine();
     }
-    service = std::make_unique<kv::KvService>(*engine);
+    service = std::make_unique<kv::KvService>(*engine, "", history_events);
     if (!server.AddService(*service).ok()) throw std::runtime_error("AddService failed");
     auto bound = server.Listen(listen);
     if (!bound.ok()) throw std::runtime_error(bound.status().ToString());
@@ -212,6 +213,83 @@ TEST_CASE("KV: Get, Put, Delete, MultiGet and Scan behave as documented", "[kv]"
     REQUIRE(info[0].ok());
     CHECK(info[0]->engine() == engine);
   });
+}
+
+TEST_CASE("KV Watch: every change under a prefix, in version order, live and replayed",
+          "[kv][watch]") {
+  const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");
+  const std::string listen = GENERATE(from_range(ListenUris()));
+  INFO("engine: " << engine << ", listening on " << listen);
+  KvServer s(engine, listen, /*history_events=*/8);
+  RunLoop([&]() -> asio::awaitable<void> {
+    auto ch = co_await Channel::Connect(s.uri);
+    REQUIRE(ch.ok());
+    kv::KV::Stub stub(*ch);
+    auto put = [&](std::string k, std::string v) -> asio::awaitable<uint64_t> {
+      kv::PutRequest r;
+      r.set_key(std::move(k));
+      r.set_value(std::move(v));
+      auto reply = co_await stub.Put(r);
+      REQUIRE(reply.ok());
+      co_return reply->version();
+    };
+    const uint64_t v1 = co_await put("a/1", "x");  // before the watch: not streamed live
+    kv::WatchRequest req;
+    req.set_prefix("a/");
+    auto live = co_await stub.Watch(req);
+    co_await put("b/1", "other prefix");
+    const uint64_t v2 = co_await put("a/2", "y");
+    kv::DeleteRequest del;
+    del.set_key("a/1");
+    auto deleted = co_await stub.Delete(del);
+    REQUIRE(deleted.ok());
+    CHECK(deleted->existed());
+    CHECK(deleted->version() > v2);  // a delete takes a version too
+    const uint64_t v4 = co_await put("a/3", "z");
+    struct Want {
+      kv::WatchEvent::Kind kind;
+      std::string key, value;
+      uint64_t version;
+    };
+    const std::vector<Want> want = {{kv::WatchEvent::PUT, "a/2", "y", v2},
+                                    {kv::WatchEvent::DELETE, "a/1", "", deleted->version()},
+                                    {kv::WatchEvent::PUT, "a/3", "z", v4}};
+    for (const auto& w : want) {
+      auto ev = co_await live.Read();
+      REQUIRE(ev.has_value());
+      CHECK(ev->kind() == w.kind);
+      CHECK(ev->key() == w.key);
+      CHECK(ev->value() == w.value);
+      CHECK(ev->version() == w.version);
+    }
+    live.Cancel();
+    CHECK_FALSE((co_await live.Read()).has_value());
+    CHECK((co_await live.Finish()).code() == StatusCode::kCancelled);
+
+    // Replayed from the history: everything under a/ after v1, then live again.
+    req.set_after_version(v1);
+    auto replay = co_await stub.Watch(req);
+    for (const auto& w : want) {
+      auto ev = co_await replay.Read();
+      REQUIRE(ev.has_value());
+      CHECK(ev->key() == w.key);
+      CHECK(ev->version() == w.version);
+    }
+    const uint64_t v5 = co_await put("a/4", "w");
+    auto ev = co_await replay.Read();
+    REQUIRE(ev.has_value());
+    CHECK(ev->version() == v5);
+
+    // A history of 8 events: after 10 more writes, v1 is too old to replay from.
+    for (int i = 0; i < 10; ++i) co_await put("c/" + std::to_string(i), "v");
+    auto gone = co_await stub.Watch(req);
+    CHECK_FALSE((co_await gone.Read()).has_value());
+    Status s_gone = co_await gone.Finish();
+    CHECK(s_gone.code() == StatusCode::kOutOfRange);
+    CHECK_THAT(s_gone.message(), Catch::Contains("no longer kept"));
+  }());
+  // The server ended the replay stream when its reader went: no watcher left running.
+  CHECK(Eventually([&] { return s.server.in_flight_calls() == 0; }, 10000ms));
 }
 
 TEST_CASE("KV on RocksDB: every acknowledged Put survives SIGTERM and SIGKILL", "[kv]") {

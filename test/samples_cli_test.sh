@@ -82,6 +82,24 @@ check "kv_server --idle-timeout-ms must be a number" 2 "^kv_server: --idle-timeo
 check "echo_server --help lists the limits" 0 "--idle-timeout-ms" "$echo_server" --help
 check "kv_server --help lists the limits" 0 "--max-buffered-bytes" "$kv_server" --help
 
+# kv watch: replays the changes under a prefix after a version, then exits after --count.
+"$kv_server" --listen tcp://127.0.0.1:0 >"$tmp/watch.out" 2>&1 &
+watch_pid=$!
+for _ in $(seq 100); do grep -q "listening on" "$tmp/watch.out" && break; sleep 0.1; done
+watch_uri=$(grep -o 'tcp://[0-9.]*:[0-9]*' "$tmp/watch.out" | head -1)
+"$kv" --targets "$watch_uri" put q/0 first >/dev/null 2>&1
+"$kv" --targets "$watch_uri" put p/1 one >/dev/null 2>&1
+"$kv" --targets "$watch_uri" delete p/1 >/dev/null 2>&1
+check "kv watch replays changes after a version, then stops at --count" 0 \
+  "^put[[:space:]]+p/1[[:space:]]+one[[:space:]]+\(version 2\)" \
+  "$kv" --targets "$watch_uri" watch p/ --after-version 1 --count 2
+check "kv watch prints deletes" 0 "^delete[[:space:]]+p/1[[:space:]]+\(version 3\)" \
+  "$kv" --targets "$watch_uri" watch p/ --after-version 1 --count 2
+check "kv watch takes one server" 2 "one server" \
+  "$kv" --targets "$watch_uri,$watch_uri" watch p/
+kill "$watch_pid" 2>/dev/null
+wait "$watch_pid" 2>/dev/null
+
 # Sharded kv with one dead server: keys on the live ones keep working, info shows each server's
 # state, a key on the dead one fails with UNAVAILABLE naming it (issue 15, item 6).
 start_kv() {  # start_kv NAME: starts a kv_server, sets its address in $NAME

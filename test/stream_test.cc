@@ -122,11 +122,12 @@ TEST_CASE("a reader that stops reading holds back the server: memory stays bound
   const uint64_t sent = ts.service.stream_messages_sent.load();
   // What the window lets the server have outstanding (256 KiB of ~1.06 KiB frames), and no more.
   const uint64_t window_msgs = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
-  std::printf("stream flow control over %s: a reader that took 1 message held the server at %llu "
-              "messages written (%llu KiB), window %llu KiB\n",
-              listen.c_str(), static_cast<unsigned long long>(sent),
-              static_cast<unsigned long long>(sent * (1024 + kFrameHeaderBytes) / 1024),
-              static_cast<unsigned long long>(kStreamWindowBytes / 1024));
+  std::printf(
+      "stream flow control over %s: a reader that took 1 message held the server at %llu "
+      "messages written (%llu KiB), window %llu KiB\n",
+      listen.c_str(), static_cast<unsigned long long>(sent),
+      static_cast<unsigned long long>(sent * (1024 + kFrameHeaderBytes) / 1024),
+      static_cast<unsigned long long>(kStreamWindowBytes / 1024));
   CHECK(sent <= window_msgs);
   CHECK(ts.service.streams_running == 1);
   // Reading again, the reader gets everything, in order.
@@ -169,9 +170,11 @@ TEST_CASE("the caller cancels a stream mid-way: the server's writer stops at onc
       co_await call.Read();  // the one message; the next Read waits
       asio::cancellation_signal cancel;
       asio::steady_timer t(co_await asio::this_coro::executor, 100ms);
-      t.async_wait([&](boost::system::error_code) { cancel.emit(asio::cancellation_type::terminal); });
-      auto m = co_await asio::co_spawn(co_await asio::this_coro::executor, call.Read(),
-                                       asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+      t.async_wait(
+          [&](boost::system::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+      auto m =
+          co_await asio::co_spawn(co_await asio::this_coro::executor, call.Read(),
+                                  asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
       if (m) co_return Status(StatusCode::kInternal, "a message after the cancel");
       co_return co_await call.Finish();
     }());

@@ -45,8 +45,11 @@ class Engine {
   // new version.
   virtual rdmarpc::Result<uint64_t> Put(std::string_view key, std::string_view value,
                                         std::optional<uint64_t> expected) = 0;
-  // Removes `key`; with `expected`, only if its version equals it. Returns whether it existed.
-  virtual rdmarpc::Result<bool> Delete(std::string_view key, std::optional<uint64_t> expected) = 0;
+  // Removes `key`; with `expected`, only if its version equals it. Returns the deletion's
+  // version (a delete takes the next version too, so that every change has its own: Watch
+  // streams them in that order), or 0 when the key did not exist.
+  virtual rdmarpc::Result<uint64_t> Delete(std::string_view key,
+                                           std::optional<uint64_t> expected) = 0;
   // Entries in `range`, in bytewise key order; sets `more` when entries remain past the last.
   virtual rdmarpc::Result<std::vector<ScanEntry>> Scan(const ScanRange& range, bool* more) = 0;
   virtual uint64_t ApproximateKeys() = 0;

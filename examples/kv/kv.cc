@@ -40,6 +40,11 @@ constexpr char kUsage[] =
     "                                   --all follows every page\n"
     "  info                             each server's state (up or DOWN and why), engine, key\n"
     "                                   count and uptime\n"
+    "  watch PREFIX [--after-version N] [--count N]\n"
+    "                                   print every change to keys starting with PREFIX as it\n"
+    "                                   happens (after version N: replay from there), until\n"
+    "                                   interrupted or N changes; one server only (versions are\n"
+    "                                   per server); no deadline unless --timeout-ms is given\n"
     "  bench [--count N] [--concurrency N] [--value-bytes N]\n"
     "                                   put N keys, then get them; prints calls/s and latency\n"
     "\n"
@@ -87,6 +92,7 @@ struct Args {
   std::vector<std::string> operands;
   rdmarpc::examples::Flags* flags;
   long timeout_ms, limit, count, concurrency, value_bytes;
+  long after_version = 0;
   std::optional<uint64_t> expected;
   std::string secret;  // --auth-secret-file
 };
@@ -135,7 +141,45 @@ asio::awaitable<int> Bench(kv::ShardedClient& client, long count, long concurren
   co_return 0;
 }
 
+// kv watch: a server stream of changes, printed as they come.
+asio::awaitable<int> Watch(const Args& a) {
+  if (a.targets.size() != 1) {
+    std::cerr << "kv: watch takes one server (--targets with one URI): versions are per server\n";
+    co_return 2;
+  }
+  rdmarpc::ChannelOptions options;
+  options.transport.auth_secret = a.secret;
+  auto ch = co_await rdmarpc::Channel::Connect(a.targets[0], options);
+  if (!ch.ok()) {
+    std::cerr << "kv: cannot connect: " << ch.status().message() << "\n";
+    co_return 3;
+  }
+  kv::KV::Stub stub(*ch);
+  kv::WatchRequest req;
+  req.set_prefix(a.operands[0]);
+  req.set_after_version(static_cast<uint64_t>(a.after_version));
+  rdmarpc::CallOptions o;
+  if (a.flags->has("timeout-ms")) o.timeout = std::chrono::milliseconds(a.timeout_ms);
+  const long want = a.flags->has("count") ? a.count : 0;
+  auto call = co_await stub.Watch(req, o);
+  long n = 0;
+  while (auto ev = co_await call.Read()) {
+    if (ev->kind() == kv::WatchEvent::DELETE) {
+      std::cout << "delete\t" << Printable(ev->key()) << "\t(version " << ev->version() << ")"
+                << std::endl;
+    } else {
+      std::cout << "put\t" << Printable(ev->key()) << "\t" << Printable(ev->value())
+                << "\t(version " << ev->version() << ")" << std::endl;
+    }
+    if (want != 0 && ++n >= want) co_return 0;  // dropping the reader cancels the stream
+  }
+  Status s = co_await call.Finish();
+  if (!s.ok()) co_return Fail(s);
+  co_return 0;
+}
+
 asio::awaitable<int> Run(Args a) {
+  if (a.command == "watch") co_return co_await Watch(a);
   rdmarpc::ChannelOptions options;
   options.transport.auth_secret = a.secret;
   auto connected = co_await kv::ShardedClient::Connect(a.targets, options);
@@ -248,6 +292,7 @@ int main(int argc, char** argv) {
                                   {"start", true},
                                   {"end", true},
                                   {"after", true},
+                                  {"after-version", true},
                                   {"limit", true},
                                   {"all", false},
                                   {"count", true},
@@ -286,7 +331,7 @@ int main(int argc, char** argv) {
     a.operands.assign(pos.begin() + 1, pos.end());
     const std::map<std::string, std::pair<size_t, size_t>> arity = {
         {"get", {1, 1}},  {"put", {2, 2}},  {"delete", {1, 1}}, {"mget", {1, SIZE_MAX}},
-        {"scan", {0, 0}}, {"info", {0, 0}}, {"bench", {0, 0}}};
+        {"scan", {0, 0}}, {"info", {0, 0}}, {"bench", {0, 0}},  {"watch", {1, 1}}};
     auto it = arity.find(a.command);
     if (it == arity.end()) {
       bad = "unknown command '" + a.command + "'";
@@ -299,6 +344,7 @@ int main(int argc, char** argv) {
   a.count = flags.get_int("count", 10000, 1, 100000000);
   a.concurrency = flags.get_int("concurrency", 16, 1, 4096);
   a.value_bytes = flags.get_int("value-bytes", 100, 0, 64 << 20);
+  a.after_version = flags.get_int("after-version", 0, 0, LONG_MAX);
   if (flags.has("expect-version")) {
     a.expected = static_cast<uint64_t>(flags.get_int("expect-version", 0, 0, LONG_MAX));
   }

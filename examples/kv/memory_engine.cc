@@ -40,14 +40,14 @@ class MemoryEngine final : public Engine {
     return v;
   }
 
-  Result<bool> Delete(std::string_view key, std::optional<uint64_t> expected) override {
+  Result<uint64_t> Delete(std::string_view key, std::optional<uint64_t> expected) override {
     std::unique_lock lock(mu_);
     auto it = map_.find(key);
     const uint64_t current = it == map_.end() ? 0 : it->second.version;
     if (expected && *expected != current) return VersionMismatch(expected, current);
-    if (it == map_.end()) return false;
+    if (it == map_.end()) return uint64_t{0};
     map_.erase(it);
-    return true;
+    return ++version_;
   }
 
   Result<std::vector<ScanEntry>> Scan(const ScanRange& r, bool* more) override {

@@ -108,16 +108,21 @@ class RocksDbEngine final : public Engine {
     return v;
   }
 
-  Result<bool> Delete(std::string_view key, std::optional<uint64_t> expected) override {
+  Result<uint64_t> Delete(std::string_view key, std::optional<uint64_t> expected) override {
     std::lock_guard lock(write_mu_);
     auto cur = Get(key);
     if (!cur.ok()) return cur.status();
     const uint64_t current = cur->has_value() ? (*cur)->version : 0;
     if (expected && *expected != current) return VersionMismatch(expected, current);
-    if (!cur->has_value()) return false;
-    auto s = db_->Delete(write_, data(), rocksdb::Slice(key.data(), key.size()));
+    if (!cur->has_value()) return uint64_t{0};
+    const uint64_t v = version_ + 1;
+    rocksdb::WriteBatch batch;
+    batch.Delete(data(), rocksdb::Slice(key.data(), key.size()));
+    PutVersion(batch, v);
+    auto s = db_->Write(write_, &batch);
     if (!s.ok()) return FromRocks(s, "delete");
-    return true;
+    version_ = v;
+    return v;
   }
 
   Result<std::vector<ScanEntry>> Scan(const ScanRange& r, bool* more) override {
