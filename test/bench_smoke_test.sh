@@ -29,6 +29,11 @@ echo "$out" | grep -Eq '"mb_per_s":[0-9.]+' || fail "no throughput"
 idle=$($bin/rdmarpc_bench --target "$target" --idle-connections 20 --json) || fail "idle run failed: $idle"
 echo "$idle"
 echo "$idle" | grep -q '"opened":20,' || fail "idle connections not all opened"
+st=$($bin/rdmarpc_bench --target "$target" --stream --response-bytes 100 --duration 1 --warmup 0 \
+     --json) || fail "stream run failed: $st"
+echo "$st"
+echo "$st" | grep -Eq '"messages":[1-9][0-9]*,' || fail "no stream messages counted"
+echo "$st" | grep -q '"error":""' || fail "stream run reported an error"
 port=$((20000 + RANDOM % 20000))
 $bin/tcp_pingpong --server --port "$port" >/dev/null 2>&1 &
 pids+=($!)

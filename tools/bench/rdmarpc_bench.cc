@@ -5,6 +5,7 @@
 //                 [--request-bytes N] [--response-bytes N] [--duration S | --calls N]
 //                 [--warmup S] [--threads T] [--busy-poll] [--json]
 //   rdmarpc_bench --target URI --idle-connections N     (memory per idle connection)
+//   rdmarpc_bench --target URI --stream --response-bytes N  (server-stream throughput)
 //
 // Closed loop: each connection keeps `depth` calls outstanding; a call's latency runs from just
 // before the stub is called to the reply being decoded. Calls finished during the warm-up are
@@ -51,6 +52,7 @@ constexpr char kUsage[] =
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
     "                     [--connect-timeout-ms MS] [--json] [--quiet]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
+    "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
     "\n"
     "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
     "Client: closed loop, C connections x D calls outstanding each; reports calls/s, MB/s\n"
@@ -75,6 +77,8 @@ constexpr char kUsage[] =
     "                       report (e.g. to measure an idle server's CPU)\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
+    "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
+    "                       read as fast as they come (messages/s and MB/s)\n"
     "  --connect-timeout-ms MS  give up connecting after MS (default 5000; e.g. more under\n"
     "                       valgrind)\n"
     "  --json               one JSON object on stdout instead of text\n"
@@ -117,6 +121,16 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
     reply.set_rss_bytes(RssBytes());
     reply.set_pinned_bytes(PinnedBytes());
     reply.set_calls(calls_.load(std::memory_order_relaxed));
+    co_return rdmarpc::Status();
+  }
+  asio::awaitable<rdmarpc::Status> Stream(
+      rdmarpc::ServerContext&, const rdmarpc::bench::StreamRequest& req,
+      rdmarpc::ServerWriter<rdmarpc::bench::CallReply>& w) override {
+    rdmarpc::bench::CallReply reply;
+    reply.mutable_payload()->assign(req.response_bytes(), 's');
+    for (uint64_t i = 0; req.count() == 0 || i < req.count(); ++i) {
+      if (!co_await w.Write(reply)) break;
+    }
     co_return rdmarpc::Status();
   }
 
@@ -270,6 +284,67 @@ std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+// --stream: one server stream of --response-bytes messages read as fast as they come; messages/s
+// and MB/s over --duration after --warmup.
+int RunStream(const ClientConfig& cfg) {
+  asio::io_context ioc{1};
+  struct Out {
+    uint64_t messages = 0;
+    double seconds = 0;
+    std::string error;
+  };
+  auto f = asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<Out> {
+        Out o;
+        auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
+        if (!ch.ok()) {
+          o.error = ch.status().ToString();
+          co_return o;
+        }
+        rdmarpc::bench::Bench::Stub stub(*ch);
+        rdmarpc::bench::StreamRequest req;
+        req.set_response_bytes(static_cast<uint32_t>(cfg.response_bytes));
+        auto call = co_await stub.Stream(req);
+        using Clock = std::chrono::steady_clock;
+        const auto warm_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(cfg.warmup_s));
+        while (Clock::now() < warm_end) {
+          if (!co_await call.Read()) break;
+        }
+        const auto start = Clock::now();
+        const auto end = start + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(cfg.duration_s));
+        while (Clock::now() < end) {
+          if (!co_await call.Read()) {
+            o.error = (co_await call.Finish()).ToString();
+            break;
+          }
+          ++o.messages;
+        }
+        o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        call.Cancel();
+        co_return o;
+      },
+      asio::use_future);
+  ioc.run();
+  Out o = f.get();
+  const double per_s = o.seconds > 0 ? o.messages / o.seconds : 0;
+  const double mbps = per_s * double(cfg.response_bytes) / 1e6;
+  if (cfg.json) {
+    std::cout << "{\"target\":\"" << cfg.target
+              << "\",\"stream\":true,\"response_bytes\":" << cfg.response_bytes
+              << ",\"seconds\":" << Fixed(o.seconds, 3) << ",\"messages\":" << o.messages
+              << ",\"messages_per_s\":" << Fixed(per_s, 0) << ",\"mb_per_s\":" << Fixed(mbps, 1)
+              << ",\"error\":\"" << o.error << "\"}" << std::endl;
+  } else {
+    std::printf("%s stream of %ld-byte messages: %llu in %.3f s, %.0f messages/s, %.1f MB/s%s%s\n",
+                cfg.target.c_str(), cfg.response_bytes, static_cast<unsigned long long>(o.messages),
+                o.seconds, per_s, mbps, o.error.empty() ? "" : "; error: ", o.error.c_str());
+  }
+  return o.error.empty() && o.messages > 0 ? 0 : 1;
 }
 
 int RunIdle(const ClientConfig& cfg, long n, long hold_s) {
@@ -451,26 +526,16 @@ int RunClient(const ClientConfig& cfg) {
 int main(int argc, char** argv) {
   // Both sides: one descriptor per connection (its CM event channel), thousands of connections.
   rdmarpc::examples::RaiseFileLimit();
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 rdmarpc::examples::WithPollingFlags({{"server", false},
-                                                                      {"listen", true},
-                                                                      {"target", true},
-                                                                      {"connections", true},
-                                                                      {"depth", true},
-                                                                      {"request-bytes", true},
-                                                                      {"response-bytes", true},
-                                                                      {"duration", true},
-                                                                      {"calls", true},
-                                                                      {"warmup", true},
-                                                                      {"threads", true},
-                                                                      {"connect-timeout-ms", true},
-                                                                      {"idle-connections", true},
-                                                                      {"hold", true},
-                                                                      {"json", false},
-                                                                      {"quiet", false},
-                                                                      {"verify", false},
-                                                                      {"log-level", true},
-                                                                      {"help", false}}));
+  rdmarpc::examples::Flags flags(
+      argc, argv,
+      rdmarpc::examples::WithPollingFlags(
+          {{"server", false},          {"listen", true},   {"target", true},
+           {"connections", true},      {"depth", true},    {"request-bytes", true},
+           {"response-bytes", true},   {"duration", true}, {"calls", true},
+           {"warmup", true},           {"threads", true},  {"connect-timeout-ms", true},
+           {"idle-connections", true}, {"hold", true},     {"json", false},
+           {"quiet", false},           {"verify", false},  {"stream", false},
+           {"log-level", true},        {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -508,5 +573,6 @@ int main(int argc, char** argv) {
   }
   if (flags.has("server")) return RunServer(flags, cfg.threads);
   if (idle > 0) return RunIdle(cfg, idle, hold_s);
+  if (flags.has("stream")) return RunStream(cfg);
   return RunClient(cfg);
 }

@@ -322,6 +322,30 @@ def main():
             w(f"Throughput, 1 MiB one way at depth 4: {t['mb_per_s']:.0f} MB/s "
               f"({t['calls_per_s']:.0f} calls/s).")
             w("")
+    streams = [r for r in tcp + rdma if r.get("kind") == "stream"]
+    if streams:
+        w("Server streams: one stream read as fast as it comes (`rdmarpc_bench --target URI "
+          "--stream --response-bytes N --duration 3 --warmup 1 [MODE]` against `rdmarpc_bench "
+          "--server [MODE]`; over rdma:// in the VM, in the same boot as the RDMA table above), "
+          "next to unary calls of the same payload from the same run (TCP: depth 32 for 64 B, "
+          "depth 1 for 64 KiB; RDMA: depth 1). gRPC C++ streaming is not measured yet.")
+        w("")
+        w("| transport | polling | payload | stream messages/s | stream MB/s | unary calls/s |")
+        w("| --- | --- | --- | --- | --- | --- |")
+        for r in streams:
+            res_ = r["result"]
+            unary = None
+            if r["transport"] == "tcp":
+                depth = 32 if r["bytes"] == 64 else 1
+                u = next((x for x in tcp if x.get("kind") == "tcp" and x["bytes"] == r["bytes"]
+                          and x["depth"] == depth), None)
+                unary = f"{u['rdmarpc']['calls_per_s']:,.0f} (depth {depth})" if u else "-"
+            else:
+                u = ours.get((r["mode"], r["bytes"]))
+                unary = f"{u['calls_per_s']:,.0f} (depth 1)" if u else "-"
+            w(f"| {r['transport']} | {r.get('mode', '-')} | {size_name(r['bytes'])} | "
+              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {unary} |")
+        w("")
     idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
     if idle:
         w("Memory per idle TCP connection and the most connections one server held "

@@ -53,6 +53,13 @@ done
 r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
     --depth 4 --duration 3 --warmup 1 --json)
 echo "{\"kind\":\"tcp_throughput\",\"rdmarpc\":$r}" >> "$res/tcp.jsonl"
+# Server streams: one stream read as fast as it comes, next to unary calls of the same size.
+for size in 64 65536; do
+  r=$($bin/rdmarpc_bench --target "$target" --stream --response-bytes "$size" --duration 3 \
+      --warmup 1 --json)
+  echo "{\"kind\":\"stream\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r}" >> "$res/tcp.jsonl"
+  echo "  stream of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s"
+done
 
 echo "== memory per idle connection and connection count (TCP)"
 for n in 1000 10000 19000; do

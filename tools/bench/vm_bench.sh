@@ -69,6 +69,12 @@ for mode in busy-poll adaptive events; do
   r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes 1048576 \
       --response-bytes 0 --depth 4 --duration 5 --warmup 1 --json)
   echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"throughput\",\"result\":$r}" >> "$out"
+  # Server streams: one stream read as fast as it comes.
+  for size in 64 65536; do
+    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --stream --response-bytes "$size" \
+        --duration 3 --warmup 1 --json)
+    echo "{\"kind\":\"stream\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
+  done
   $bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --idle-connections 1 --hold 13 \
     --json >/dev/null 2>&1 &
   client=$!
