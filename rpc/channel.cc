@@ -175,12 +175,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (s.done) co_return false;
       co_await Suspend(index, s.stream_deadline);
       if (!s.messages.empty() || s.done) continue;
-      // Woken with nothing new: the deadline passed or the caller cancelled.
-      const bool cancelled = (co_await asio::this_coro::cancellation_state).cancelled() !=
-                             asio::cancellation_type::none;
-      StopStream(index, cancelled ? Status(StatusCode::kCancelled,
-                                           "stream from " + target_ + " cancelled by the caller")
-                                  : StreamDeadlineStatus(s.timeout));
+      StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
       co_return false;
     }
   }
@@ -201,11 +196,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (s.done) break;
       co_await Suspend(index, s.stream_deadline);
       if (!s.messages.empty() || s.done) continue;
-      const bool cancelled = (co_await asio::this_coro::cancellation_state).cancelled() !=
-                             asio::cancellation_type::none;
-      StopStream(index, cancelled ? Status(StatusCode::kCancelled,
-                                           "stream from " + target_ + " cancelled by the caller")
-                                  : StreamDeadlineStatus(s.timeout));
+      StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
     }
     Status status = NameUnknownMethod(std::move(s.status), *s.method);
     ReleaseStream(index, generation);
@@ -754,6 +745,15 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.done = true;
     s.status = std::move(why);
     if (!s.server_done) SendCancel((static_cast<uint64_t>(s.generation) << 32) | index);
+  }
+
+  // A reader woken with nothing new: the caller cancelled (`cancelled`, the coroutine's
+  // cancellation state), or else the stream's deadline passed.
+  void StopAfterEmptyWake(uint32_t index, asio::cancellation_type cancelled) {
+    StopStream(index, cancelled != asio::cancellation_type::none
+                          ? Status(StatusCode::kCancelled,
+                                   "stream from " + target_ + " cancelled by the caller")
+                          : StreamDeadlineStatus(slots_[index]->timeout));
   }
 
   Status StreamDeadlineStatus(std::chrono::nanoseconds timeout) const {

@@ -227,6 +227,22 @@ class Service {
   virtual std::span<const MethodEntry> rdmarpc_methods() const = 0;
 };
 
+namespace internal {
+// Parses `payload` into the job's request and runs the job on its connection, or finishes the
+// call with INVALID_ARGUMENT when the request does not parse.
+template <class Job>
+void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
+  CallSink* sink = job->call.sink();
+  if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    job->call.Finish(Status(StatusCode::kInvalidArgument,
+                            "request does not parse as " + job->request.GetTypeName()),
+                     nullptr);
+    return;
+  }
+  sink->Run(std::move(job));
+}
+}  // namespace internal
+
 // The handler of a unary method with request Req and reply Resp. A generated constant.
 template <class Req, class Resp>
 class UnaryMethodHandler final : public MethodHandler {
@@ -235,16 +251,8 @@ class UnaryMethodHandler final : public MethodHandler {
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
-    internal::CallSink* sink = call.sink();
     // One allocation per call holds the context, request and reply.
-    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
-    if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      job->call.Finish(Status(StatusCode::kInvalidArgument,
-                              "request does not parse as " + job->request.GetTypeName()),
-                       nullptr);
-      return;
-    }
-    sink->Run(std::move(job));
+    internal::ParseAndRun(std::make_unique<Job>(invoke_, service, std::move(call)), payload);
   }
 
  private:
@@ -282,15 +290,7 @@ class ServerStreamingMethodHandler final : public MethodHandler {
   explicit constexpr ServerStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
-    internal::CallSink* sink = call.sink();
-    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
-    if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      job->call.Finish(Status(StatusCode::kInvalidArgument,
-                              "request does not parse as " + job->request.GetTypeName()),
-                       nullptr);
-      return;
-    }
-    sink->Run(std::move(job));
+    internal::ParseAndRun(std::make_unique<Job>(invoke_, service, std::move(call)), payload);
   }
 
  private:
