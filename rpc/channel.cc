@@ -107,7 +107,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (Status s = co_await SendRequest(index, method, request, options, deadline); !s.ok()) {
       co_return s;
     }
-    const uint64_t call_id = (static_cast<uint64_t>(slot.generation) << 32) | index;
+    const uint64_t call_id = CallId(index);
     co_await Suspend(index, deadline);
     Status status;
     if (slot.done) {
@@ -252,7 +252,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       // Woken but the room went to someone else, or the connection went down meanwhile.
     }
 
-    const uint64_t call_id = (static_cast<uint64_t>(slot.generation) << 32) | index;
+    const uint64_t call_id = CallId(index);
     FrameHeader h;
     h.type = FrameType::kRequest;
     h.method_id = method.id;
@@ -714,6 +714,11 @@ class ChannelCore final : public transport::ConnectionHandler,
     Resume(s);
   }
 
+  // The wire id of the call in slot `index`: (generation << 32) | index (see ChannelCore).
+  uint64_t CallId(uint32_t index) const {
+    return (static_cast<uint64_t>(slots_[index]->generation) << 32) | index;
+  }
+
   bool IsStream(uint32_t index, uint32_t generation) const {
     return index < slots_.size() && slots_[index]->active && slots_[index]->streaming &&
            slots_[index]->generation == generation && !slots_[index]->abandoned;
@@ -729,11 +734,11 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (s.unreported >= kStreamWindowBytes / 2 && !s.done && conn_ && !conn_->closed()) {
       FrameHeader h;
       h.type = FrameType::kWindow;
-      h.call_id = (static_cast<uint64_t>(s.generation) << 32) | index;
-      char bytes[kWindowBytes];
-      for (size_t i = 0; i < kWindowBytes; ++i)
-        bytes[i] = static_cast<char>(s.unreported >> (8 * i));
-      conn_->Send(internal::FrameWriter(h, std::string_view(bytes, kWindowBytes)));
+      h.call_id = CallId(index);
+      std::byte bytes[kWindowBytes];
+      EncodeWindow(s.unreported, bytes);
+      conn_->Send(internal::FrameWriter(
+          h, std::string_view(reinterpret_cast<const char*>(bytes), kWindowBytes)));
       s.unreported = 0;
     }
   }
@@ -744,7 +749,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (s.done) return;
     s.done = true;
     s.status = std::move(why);
-    if (!s.server_done) SendCancel((static_cast<uint64_t>(s.generation) << 32) | index);
+    if (!s.server_done) SendCancel(CallId(index));
   }
 
   // A reader woken with nothing new: the caller cancelled (`cancelled`, the coroutine's

@@ -128,6 +128,17 @@ std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out) {
   return "";
 }
 
+void EncodeWindow(uint64_t bytes, std::byte* dst) { Put<uint64_t>(dst, bytes); }
+
+std::string DecodeWindow(std::span<const std::byte> payload, uint64_t* bytes) {
+  if (payload.size() != kWindowBytes) {
+    return "WINDOW payload of " + std::to_string(payload.size()) + " bytes, need " +
+           std::to_string(kWindowBytes);
+  }
+  *bytes = Get<uint64_t>(payload.data());
+  return "";
+}
+
 void EncodeSettings(const Settings& s, std::byte* dst) {
   Put<uint32_t>(dst, s.max_concurrent_calls);
   Put<uint32_t>(dst + 4, s.max_message_bytes);

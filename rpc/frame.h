@@ -50,6 +50,9 @@ enum class FrameType : uint8_t {
 inline constexpr uint64_t kStreamWindowBytes = 256 * 1024;
 // A WINDOW frame's payload: u64, the frame bytes read since the last one.
 inline constexpr size_t kWindowBytes = 8;
+void EncodeWindow(uint64_t bytes, std::byte* dst);  // writes kWindowBytes
+// Returns an empty string on success (exactly kWindowBytes), else what is wrong.
+std::string DecodeWindow(std::span<const std::byte> payload, uint64_t* bytes);
 
 struct FrameHeader {
   FrameType type = FrameType::kRequest;

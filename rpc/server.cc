@@ -283,13 +283,15 @@ class ServerConnection final : public transport::ConnectionHandler,
       case FrameType::kCancel:
         OnCancel(f.header.call_id);
         break;
-      case FrameType::kWindow:
-        if (f.payload.size() != kWindowBytes) {
+      case FrameType::kWindow: {
+        uint64_t bytes = 0;
+        if (!DecodeWindow(f.payload, &bytes).empty()) {
           Break(Status(StatusCode::kInvalidArgument, "malformed WINDOW frame"));
           return;
         }
-        OnWindow(f.header.call_id, f.payload);
+        OnWindow(f.header.call_id, bytes);
         break;
+      }
       default:
         // PONG needs nothing beyond keepalive_.Heard(); other types are not meant for a server
         // and are ignored, as the protocol specifies.
@@ -482,10 +484,7 @@ class ServerConnection final : public transport::ConnectionHandler,
 
   // The caller read more of a stream: the writer may send that much more. A WINDOW for a call
   // that has ended (crossed its end on the wire) is ignored.
-  void OnWindow(uint64_t call_id, std::span<const std::byte> payload) {
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < kWindowBytes; ++i)
-      bytes |= std::to_integer<uint64_t>(payload[i]) << (8 * i);
+  void OnWindow(uint64_t call_id, uint64_t bytes) {
     for (CancelHook* h = running_; h; h = h->next) {
       if (h->call_id == call_id) {
         h->AddCredit(bytes);

@@ -46,7 +46,7 @@ struct CancelHook {
   // after a message larger than what was left), and the writer waiting for more.
   int64_t credit = 0;
   boost::asio::any_completion_handler<void()> credit_waiter;
-  transport::Executor executor;  // the connection's: where the writer resumes
+  transport::Executor executor;  // the connection's: where the writer resumes (streams only)
 
   // Marks the call cancelled and cancels what its handler awaits; once only.
   void Cancel() {
@@ -137,7 +137,6 @@ class ServerCall {
     hook_.call_id = call_id_;
     hook_.context = &context_;
     hook_.signal = signal;
-    hook_.executor = sink_->executor();
     sink_->Track(&hook_);
     tracked_ = true;
   }
@@ -300,6 +299,7 @@ class ServerStreamingMethodHandler final : public MethodHandler {
     boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
       call.TrackCancellation(cancel);
       call.hook().credit = static_cast<int64_t>(kStreamWindowBytes);
+      call.hook().executor = call.executor();  // set here, not per unary call
       Status status;
       try {
         status = co_await invoke(service, call.context(), request, writer);

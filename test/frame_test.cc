@@ -104,6 +104,18 @@ TEST_CASE("garbled metadata is rejected", "[codec]") {
   CHECK_THAT(DecodeMetadata(overrun, &out), Catch::Contains("past the end"));
 }
 
+TEST_CASE("a WINDOW payload round-trips as a little-endian u64 and must be 8 bytes", "[codec]") {
+  std::byte buf[kWindowBytes + 1] = {};
+  EncodeWindow(0x0102030405060708ull, buf);
+  CHECK(buf[0] == std::byte{0x08});
+  CHECK(buf[7] == std::byte{0x01});
+  uint64_t back = 0;
+  CHECK(DecodeWindow(std::span<const std::byte>(buf, kWindowBytes), &back).empty());
+  CHECK(back == 0x0102030405060708ull);
+  CHECK_FALSE(DecodeWindow(std::span<const std::byte>(buf, kWindowBytes - 1), &back).empty());
+  CHECK_FALSE(DecodeWindow(std::span<const std::byte>(buf, kWindowBytes + 1), &back).empty());
+}
+
 TEST_CASE("URIs parse and reject malformed input", "[uri]") {
   using namespace rdmarpc::transport;
   auto a = ParseUri("tcp://127.0.0.1:7471");

@@ -87,6 +87,10 @@ constexpr uint32_t kControlReserve = 16;
 // its completion means, 40-47 the rendezvous slot.
 constexpr uint64_t kTagRead = 1;        // our RDMA READ of the peer's message finished
 constexpr uint64_t kTagInvalidate = 2;  // the window over our exposed message is invalid
+// The tag and slot bits of a signaled send's wr_id (PostSend adds the count).
+constexpr uint64_t WrTag(uint64_t tag, uint32_t slot) {
+  return (tag << 32) | (uint64_t(slot) << 40);
+}
 // Receives kept posted in each I/O thread's shared receive queue (SRQ), for all its connections.
 // An RDMA_WRITE_WITH_IMM consumes one; they are reposted as completions are polled. A per-QP
 // receive queue deep enough for a full ring of small records (16k) made every closing connection
@@ -269,14 +273,17 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     std::byte* data() const { return mem.get(); }
     explicit operator bool() const { return mem != nullptr; }
   };
+  // The size class of `bytes` (0 for up to kBulkMinBytes, doubling after) and its capacity.
+  static size_t BulkClass(size_t bytes, size_t* capacity) {
+    size_t cls = 0;
+    while ((kBulkMinBytes << cls) < bytes) ++cls;
+    *capacity = kBulkMinBytes << cls;
+    return cls;
+  }
   // One of at least `bytes`, from the cache when one of its size class is free.
   Expected<BulkBuffer> AcquireBulk(size_t bytes) {
-    size_t cap = kBulkMinBytes;
-    size_t cls = 0;
-    while (cap < bytes) {
-      cap <<= 1;
-      ++cls;
-    }
+    size_t cap = 0;
+    const size_t cls = BulkClass(bytes, &cap);
     if (cls < bulk_free_.size() && !bulk_free_[cls].empty()) {
       BulkBuffer b = std::move(bulk_free_[cls].back());
       bulk_free_[cls].pop_back();
@@ -297,8 +304,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // QP destroyed). Kept registered while the cache has room, else deregistered and freed.
   void ReleaseBulk(BulkBuffer b) {
     if (!b || bulk_cached_ + b.capacity > kBulkCacheBytes) return;
-    size_t cls = 0;
-    while ((kBulkMinBytes << cls) < b.capacity) ++cls;
+    size_t cap = 0;
+    const size_t cls = BulkClass(b.capacity, &cap);
     if (bulk_free_.size() <= cls) bulk_free_.resize(cls + 1);
     bulk_cached_ += b.capacity;
     bulk_free_[cls].push_back(std::move(b));
@@ -988,7 +995,7 @@ class RdmaConnection final : public Connection,
     fetch_bytes_ += total;
     fetches_.push_back(std::move(f));
     // A peer whose window does not cover what it announced fails the read, and its connection.
-    PostSend(wr, /*signal=*/true, (kTagRead << 32) | (uint64_t(slot) << 40));
+    PostSend(wr, /*signal=*/true, WrTag(kTagRead, slot));
   }
 
   // The front large message has been read: the FIN lets the peer reuse its buffer, then the
@@ -1066,7 +1073,7 @@ class RdmaConnection final : public Connection,
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_LOCAL_INV;
     wr.invalidate_rkey = e.rkey;
-    PostSend(wr, /*signal=*/true, (kTagInvalidate << 32) | (uint64_t(slot) << 40));
+    PostSend(wr, /*signal=*/true, WrTag(kTagInvalidate, slot));
   }
 
   // Returns credits once a quarter of the ring is free (ring.h explains why that suffices);
