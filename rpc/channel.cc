@@ -104,7 +104,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& slot = *slots_[index];
     slot.reply = &reply;
     slot.wait_for_ready = options.wait_for_ready;
-    if (Status s = co_await SendRequest(index, method, request, options, deadline); !s.ok()) {
+    if (Status s = co_await SendRequest(index, method, &request, options, deadline); !s.ok()) {
       co_return s;
     }
     const uint64_t call_id = CallId(index);
@@ -127,10 +127,11 @@ class ChannelCore final : public transport::ConnectionHandler,
     co_return status;
   }
 
-  // --- server streams (ClientReader) ---------------------------------------------------------
-  // Sends the request of a server-streaming call; on success `*index` is its slot.
+  // --- streams (rpc/stream.h) ----------------------------------------------------------------
+  // Sends the REQUEST of a streaming call (with its message for a server stream; `request` is
+  // null for client streams); on success `*index` is its slot.
   asio::awaitable<Status> OpenStream(const MethodInfo& method,
-                                     const google::protobuf::MessageLite& request,
+                                     const google::protobuf::MessageLite* request,
                                      const CallOptions& options, uint32_t* index,
                                      uint32_t* generation) {
     if (state_ == State::kShutdown) {
@@ -145,6 +146,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     slot.stream_deadline = deadline;
     slot.timeout = options.timeout;
     slot.wait_for_ready = options.wait_for_ready;
+    slot.send_credit = static_cast<int64_t>(kStreamWindowBytes);
     if (Status s = co_await SendRequest(i, method, request, options, deadline); !s.ok()) {
       co_return s;
     }
@@ -180,14 +182,73 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
   }
 
-  // Waits for the end of stream `index` (dropping messages not read) and returns how it ended;
-  // the stream is released.
-  asio::awaitable<Status> FinishStream(uint32_t index, uint32_t generation) {
+  // Sends `message` on client stream `index` once its window has room: true, or false when the
+  // stream is over (ended, cancelled, deadline passed, connection lost, or `message` over the
+  // limit: FinishStream says which). Waits within the stream's deadline; the caller may cancel.
+  asio::awaitable<bool> WriteStream(uint32_t index, uint32_t generation,
+                                    const google::protobuf::MessageLite& message) {
+    auto self = shared_from_this();
+    if (!IsStream(index, generation)) co_return false;
+    Slot& s = *slots_[index];
+    for (;;) {
+      if (s.done || s.writes_done || !conn_ || conn_->closed()) co_return false;
+      if (s.send_credit > 0) break;
+      // Out of window: wait for the server's WINDOW (or the stream's end, deadline, cancel).
+      co_await Suspend(index, s.stream_deadline, &Slot::write_resume);
+      if (s.done || s.send_credit > 0) continue;
+      if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+          asio::cancellation_type::none) {
+        StopStream(index, Status(StatusCode::kCancelled,
+                                 "stream to " + target_ + " cancelled by the caller"));
+        co_return false;
+      }
+      if (Clock::now() >= s.stream_deadline) {
+        StopStream(index, StreamDeadlineStatus(s.timeout));
+        co_return false;
+      }
+      // Woken for the reader's sake: wait again.
+    }
+    FrameHeader h;
+    h.type = FrameType::kStreamMessage;
+    h.call_id = CallId(index);
+    internal::FrameWriter writer(h, nullptr, &message);
+    if (const size_t max = MaxMessageBytes(); writer.size() > max) {
+      StopStream(index, Status(StatusCode::kResourceExhausted,
+                               "stream message of " + std::to_string(writer.size()) +
+                                   " bytes exceeds the message limit of " + std::to_string(max)));
+      co_return false;
+    }
+    if (!conn_->Send(writer)) co_return false;  // closing: the stream fails with UNAVAILABLE
+    s.send_credit -= static_cast<int64_t>(writer.size());
+    co_return true;
+  }
+
+  // Half-closes client stream `index`: the server's Read then ends after the messages sent.
+  // False when the stream is over or already half-closed.
+  bool HalfCloseStream(uint32_t index, uint32_t generation) {
+    if (!IsStream(index, generation)) return false;
+    Slot& s = *slots_[index];
+    if (s.done || s.writes_done || !conn_ || conn_->closed()) return false;
+    if (!(static_cast<uint8_t>(s.method->kind) & kRequestFlagClientStream)) return false;
+    s.writes_done = true;
+    FrameHeader h;
+    h.type = FrameType::kStreamMessage;
+    h.flags = kStreamFlagEnd;
+    h.call_id = CallId(index);
+    return conn_->Send(internal::FrameWriter(h, std::string_view()));
+  }
+
+  // Waits for the end of stream `index` (half-closing it first, if the caller streams, and
+  // dropping messages not read) and returns how it ended; the stream is released. `reply`, for
+  // client-streaming calls, gets the server's reply when the Status is OK.
+  asio::awaitable<Status> FinishStream(uint32_t index, uint32_t generation,
+                                       google::protobuf::MessageLite* reply) {
     auto self = shared_from_this();
     if (!IsStream(index, generation)) {
       co_return Status(StatusCode::kFailedPrecondition, "stream already finished");
     }
     Slot& s = *slots_[index];
+    HalfCloseStream(index, generation);
     while (!s.done) {
       while (!s.messages.empty()) {
         TookStreamMessage(index, s.messages.front().size());
@@ -199,6 +260,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
     }
     Status status = NameUnknownMethod(std::move(s.status), *s.method);
+    if (status.ok() && reply != nullptr && !reply->ParseFromString(s.final_payload)) {
+      status = Status(StatusCode::kInternal, "reply does not parse as " + reply->GetTypeName());
+    }
     ReleaseStream(index, generation);
     co_return status;
   }
@@ -226,7 +290,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // Admits the call in slot `index` (waiting for room or the connection, in order, within its
   // deadline) and sends its request. On failure the slot is freed and the Status says why.
   asio::awaitable<Status> SendRequest(uint32_t index, const MethodInfo& method,
-                                      const google::protobuf::MessageLite& request,
+                                      const google::protobuf::MessageLite* request,
                                       const CallOptions& options,
                                       std::chrono::steady_clock::time_point deadline) {
     Slot& slot = *slots_[index];
@@ -252,9 +316,21 @@ class ChannelCore final : public transport::ConnectionHandler,
       // Woken but the room went to someone else, or the connection went down meanwhile.
     }
 
+    const uint8_t flags = static_cast<uint8_t>(method.kind);
+    if ((flags & kRequestFlagClientStream) && !(server_features_ & kFeatureClientStreams)) {
+      FreeSlot(index);
+      WakeWaiters();
+      co_return Status(StatusCode::kUnimplemented,
+                       "server " + target_ +
+                           " does not take client streams (it predates them), "
+                           "so it cannot serve " +
+                           MethodKindName(method.kind) + " method " +
+                           std::string(method.full_name));
+    }
     const uint64_t call_id = CallId(index);
     FrameHeader h;
     h.type = FrameType::kRequest;
+    h.flags = flags;
     h.method_id = method.id;
     h.call_id = call_id;
     if (deadline != Clock::time_point::max()) {
@@ -263,12 +339,10 @@ class ChannelCore final : public transport::ConnectionHandler,
       h.timeout_us = std::max<int64_t>(1, left.count());
     }
     internal::FrameWriter writer(h, options.metadata.empty() ? nullptr : &options.metadata,
-                                 &request);
+                                 request);
     // The smaller of our limit and the one the server announced: a request over the server's
     // fails here, alone, instead of costing the connection every other call is using.
-    size_t max_message = conn_->max_message_bytes();
-    if (server_max_message_ != 0 && server_max_message_ < max_message)
-      max_message = server_max_message_;
+    const size_t max_message = MaxMessageBytes();
     if (writer.size() > max_message) {
       FreeSlot(index);
       WakeWaiters();
@@ -301,6 +375,9 @@ class ChannelCore final : public transport::ConnectionHandler,
         break;
       case FrameType::kStreamMessage:
         OnStreamMessage(f);
+        break;
+      case FrameType::kWindow:
+        OnWindow(f);
         break;
       case FrameType::kPing:
         internal::SendPong(*conn_, f.header.call_id);
@@ -409,6 +486,13 @@ class ChannelCore final : public transport::ConnectionHandler,
     std::deque<std::string> messages;
     uint64_t buffered = 0;
     uint64_t unreported = 0;
+    // Client streams: the writer suspended for window (beside the reader in `resume`), the
+    // frame bytes the server still lets us send, whether we half-closed, and the final reply's
+    // bytes (client-streaming calls) until FinishStream parses them.
+    asio::any_completion_handler<void()> write_resume;
+    int64_t send_credit = 0;
+    bool writes_done = false;
+    std::string final_payload;
   };
 
   // An intrusive FIFO of the calls waiting for room or for the connection (no allocation).
@@ -551,23 +635,27 @@ class ChannelCore final : public transport::ConnectionHandler,
   // operation at all. The caller's cancellation (a cancellation slot bound to the call) resumes
   // it too. What woke it is for the caller to find out (slot state, the clock, its
   // cancellation state).
-  asio::awaitable<void> Suspend(uint32_t index, Clock::time_point deadline) {
+  // `waiter`: where the handler waits, Slot::resume (calls, stream readers) or
+  // Slot::write_resume (stream writers: a bidirectional stream may have both at once).
+  using Waiter = asio::any_completion_handler<void()> Slot::*;
+  asio::awaitable<void> Suspend(uint32_t index, Clock::time_point deadline,
+                                Waiter waiter = &Slot::resume) {
     Slot& slot = *slots_[index];
     slot.deadline = deadline;
     ArmDeadline(deadline);
     return asio::async_initiate<decltype(asio::use_awaitable), void()>(
-        [this, index, gen = slot.generation](auto handler) {
+        [this, index, gen = slot.generation, waiter](auto handler) {
           Slot& s = *slots_[index];
           // swap, not move-assignment: Boost 1.81's any_completion_handler move-assignment
           // wraps the handler in itself until the stack runs out.
-          asio::any_completion_handler<void()>(std::move(handler)).swap(s.resume);
+          asio::any_completion_handler<void()>(std::move(handler)).swap(s.*waiter);
           // The wrapper forwards the caller's cancellation to its own slot (installed after
           // wrapping: wrapping takes over the handler's slot).
-          if (auto cs = s.resume.get_cancellation_slot(); cs.is_connected()) {
-            cs.assign([this, index, gen](asio::cancellation_type) {
+          if (auto cs = (s.*waiter).get_cancellation_slot(); cs.is_connected()) {
+            cs.assign([this, index, gen, waiter](asio::cancellation_type) {
               // Invoked by the caller's emit, on this thread. The slot may have moved on.
               if (index < slots_.size() && slots_[index]->generation == gen) {
-                Resume(*slots_[index], /*from_cancellation=*/true);
+                ResumeWaiter(*slots_[index], waiter, /*from_cancellation=*/true);
               }
             });
           }
@@ -575,13 +663,19 @@ class ChannelCore final : public transport::ConnectionHandler,
         asio::use_awaitable);
   }
 
-  // Resumes the caller suspended on `s`, if any, from the event loop (never inline: the caller
-  // may start another call or drop the channel, which must not happen under OnMessage).
-  void Resume(Slot& s, bool from_cancellation = false) {
-    if (!s.resume) return;
+  // Resumes whoever is suspended on `s` (the caller or stream reader, and a stream writer), from
+  // the event loop (never inline: the caller may start another call or drop the channel, which
+  // must not happen under OnMessage).
+  void Resume(Slot& s) {
+    ResumeWaiter(s, &Slot::resume);
+    ResumeWaiter(s, &Slot::write_resume);
+  }
+
+  void ResumeWaiter(Slot& s, Waiter waiter, bool from_cancellation = false) {
+    if (!(s.*waiter)) return;
     asio::any_completion_handler<void()> h;
-    h.swap(s.resume);  // see Suspend: no move-assignment
-    s.deadline = Clock::time_point::max();
+    h.swap(s.*waiter);  // see Suspend: no move-assignment
+    if (!s.resume && !s.write_resume) s.deadline = Clock::time_point::max();
     // The cancellation handler must not be destroyed while it runs (it is what called us).
     if (!from_cancellation) h.get_cancellation_slot().clear();
     // The caller's coroutine runs on this channel's executor (Channel::Call hops here first).
@@ -605,7 +699,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     const auto now = Clock::now();
     auto next = Clock::time_point::max();
     for (auto& s : slots_) {
-      if (!s->resume) continue;
+      if (!s->resume && !s->write_resume) continue;
       if (s->deadline <= now) {
         Resume(*s);
       } else {
@@ -627,9 +721,10 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& s = *slots_[index];
     s.active = true;
     s.done = s.sent = s.queued = s.abandoned = false;
-    s.streaming = s.server_done = false;
+    s.streaming = s.server_done = s.writes_done = false;
     s.method = nullptr;
     s.buffered = s.unreported = 0;
+    s.send_credit = 0;
     return index;
   }
 
@@ -642,6 +737,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.reply = nullptr;
     s.status = Status();
     s.messages.clear();
+    s.final_payload.clear();
     ++s.generation;
     free_.push_back(index);
     if (!was_sent) return;
@@ -666,10 +762,15 @@ class ChannelCore final : public transport::ConnectionHandler,
       }
       if (!s.done) {
         const auto code = static_cast<StatusCode>(f.header.status);
-        s.status = code == StatusCode::kOk
-                       ? Status()
-                       : Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
-                                                  f.payload.size()));
+        const std::string_view payload(reinterpret_cast<const char*>(f.payload.data()),
+                                       f.payload.size());
+        if (code == StatusCode::kOk) {
+          s.status = Status();
+          // A client-streaming call's reply, parsed by FinishStream into the caller's message.
+          if (s.method->kind == MethodKind::kClientStreaming) s.final_payload.assign(payload);
+        } else {
+          s.status = Status(code, std::string(payload));
+        }
         s.done = true;
       }
       Resume(s);
@@ -714,6 +815,29 @@ class ChannelCore final : public transport::ConnectionHandler,
     Resume(s);
   }
 
+  // The server read more of a client stream: the writer may send that much more.
+  void OnWindow(const DecodedFrame& f) {
+    uint64_t bytes = 0;
+    if (!DecodeWindow(f.payload, &bytes).empty()) {
+      LoseConnection("server sent a malformed WINDOW frame");
+      return;
+    }
+    const uint32_t index = static_cast<uint32_t>(f.header.call_id);
+    const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
+    if (index >= slots_.size()) return;
+    Slot& s = *slots_[index];
+    if (!s.active || !s.sent || !s.streaming || s.generation != gen || s.server_done) return;
+    s.send_credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
+    ResumeWaiter(s, &Slot::write_resume);
+  }
+
+  // The largest message we may send: the smaller of our transport's limit and the server's.
+  size_t MaxMessageBytes() const {
+    size_t max = conn_->max_message_bytes();
+    if (server_max_message_ != 0 && server_max_message_ < max) max = server_max_message_;
+    return max;
+  }
+
   // The wire id of the call in slot `index`: (generation << 32) | index (see ChannelCore).
   uint64_t CallId(uint32_t index) const {
     return (static_cast<uint64_t>(slots_[index]->generation) << 32) | index;
@@ -750,6 +874,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.done = true;
     s.status = std::move(why);
     if (!s.server_done) SendCancel(CallId(index));
+    Resume(s);  // a Read or Write waiting elsewhere (Cancel from another thread) ends too
   }
 
   // A reader woken with nothing new: the caller cancelled (`cancelled`, the coroutine's
@@ -786,6 +911,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     server_limit_ = settings.max_concurrent_calls;
     server_max_message_ = settings.max_message_bytes;
+    server_features_ = settings.features;
     if (state_ != State::kHandshaking) {
       WakeWaiters();  // the limit may have grown
       return;
@@ -947,6 +1073,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   std::optional<Status> goaway_;
   uint32_t server_limit_ = 0;
   uint32_t server_max_message_ = 0;  // from SETTINGS; 0 = not announced
+  uint32_t server_features_ = 0;     // from SETTINGS: kFeature* bits
   bool idle_goaway_ = false;         // the GOAWAY said the server closes us for being idle
   bool on_demand_ = false;           // reconnecting because a call arrived while kIdle
   uint32_t in_flight_ = 0;
@@ -1028,6 +1155,17 @@ Result<std::shared_ptr<Channel>> Channel::ConnectBlocking(std::string uri, Chann
 asio::awaitable<internal::StreamRef> Channel::OpenStream(
     const MethodInfo& method, const google::protobuf::MessageLite& request,
     const CallOptions& options) {
+  return OpenStreamWith(method, &request, options);
+}
+
+asio::awaitable<internal::StreamRef> Channel::OpenStream(const MethodInfo& method,
+                                                         const CallOptions& options) {
+  return OpenStreamWith(method, nullptr, options);
+}
+
+asio::awaitable<internal::StreamRef> Channel::OpenStreamWith(
+    const MethodInfo& method, const google::protobuf::MessageLite* request,
+    const CallOptions& options) {
   internal::StreamRef ref;
   ref.core = core_;
   ref.executor = executor_;
@@ -1058,11 +1196,31 @@ asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::Message
       ref.executor, ref.core->ReadStream(ref.index, ref.generation, out), asio::use_awaitable);
 }
 
-asio::awaitable<Status> FinishStream(const StreamRef& ref) {
+asio::awaitable<bool> WriteStream(const StreamRef& ref, const google::protobuf::MessageLite& m) {
   auto current = co_await asio::this_coro::executor;
-  if (current == ref.executor) co_return co_await ref.core->FinishStream(ref.index, ref.generation);
-  co_return co_await asio::co_spawn(ref.executor, ref.core->FinishStream(ref.index, ref.generation),
-                                    asio::use_awaitable);
+  if (current == ref.executor)
+    co_return co_await ref.core->WriteStream(ref.index, ref.generation, m);
+  co_return co_await asio::co_spawn(
+      ref.executor, ref.core->WriteStream(ref.index, ref.generation, m), asio::use_awaitable);
+}
+
+asio::awaitable<bool> HalfCloseStream(const StreamRef& ref) {
+  auto current = co_await asio::this_coro::executor;
+  if (current == ref.executor) co_return ref.core->HalfCloseStream(ref.index, ref.generation);
+  co_return co_await asio::co_spawn(
+      ref.executor,
+      [](StreamRef r) -> asio::awaitable<bool> {
+        co_return r.core->HalfCloseStream(r.index, r.generation);
+      }(ref),
+      asio::use_awaitable);
+}
+
+asio::awaitable<Status> FinishStream(const StreamRef& ref, google::protobuf::MessageLite* reply) {
+  auto current = co_await asio::this_coro::executor;
+  if (current == ref.executor)
+    co_return co_await ref.core->FinishStream(ref.index, ref.generation, reply);
+  co_return co_await asio::co_spawn(
+      ref.executor, ref.core->FinishStream(ref.index, ref.generation, reply), asio::use_awaitable);
 }
 
 void CancelStream(const StreamRef& ref) {

@@ -59,8 +59,8 @@ struct ChannelOptions {
 namespace internal {
 class ChannelCore;
 
-// A client stream's place in its channel (ClientReader holds one). `core` is null when the
-// stream did not start; `error` then says why.
+// A client stream's place in its channel (the stream handles of rpc/stream.h hold one). `core`
+// is null when the stream did not start; `error` then says why.
 struct StreamRef {
   std::shared_ptr<ChannelCore> core;
   transport::Executor executor;
@@ -68,7 +68,12 @@ struct StreamRef {
   Status error;
 };
 boost::asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::MessageLite& out);
-boost::asio::awaitable<Status> FinishStream(const StreamRef& ref);
+boost::asio::awaitable<bool> WriteStream(const StreamRef& ref,
+                                         const google::protobuf::MessageLite& message);
+boost::asio::awaitable<bool> HalfCloseStream(const StreamRef& ref);
+// `reply`: filled from the final answer of a client-streaming call when OK; else null.
+boost::asio::awaitable<Status> FinishStream(const StreamRef& ref,
+                                            google::protobuf::MessageLite* reply = nullptr);
 void CancelStream(const StreamRef& ref);   // thread-safe
 void ReleaseStream(const StreamRef& ref);  // thread-safe; cancels a running stream
 }  // namespace internal
@@ -109,6 +114,11 @@ class Channel {
   boost::asio::awaitable<internal::StreamRef> OpenStream(
       const MethodInfo& method, const google::protobuf::MessageLite& request,
       const CallOptions& options);
+  // Starts a client-streaming or bidirectional call (no request: messages follow through the
+  // handle, a ClientWriter or ClientReaderWriter). Fails with UNIMPLEMENTED when the server
+  // predates client streams (its SETTINGS lack kFeatureClientStreams).
+  boost::asio::awaitable<internal::StreamRef> OpenStream(const MethodInfo& method,
+                                                         const CallOptions& options);
 
   // Runs `work` on the channel's executor and waits for its result. For blocking stubs; must
   // not be called from the channel's own thread (it would deadlock, so it throws instead).
@@ -128,6 +138,9 @@ class Channel {
  private:
   Channel(std::string target, transport::Executor ex, std::shared_ptr<internal::ChannelCore> core,
           std::shared_ptr<EventLoopThread> loop);
+  boost::asio::awaitable<internal::StreamRef> OpenStreamWith(
+      const MethodInfo& method, const google::protobuf::MessageLite* request,
+      const CallOptions& options);
   void CheckNotInLoopThread() const;
 
   std::string target_;

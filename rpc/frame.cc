@@ -142,15 +142,17 @@ std::string DecodeWindow(std::span<const std::byte> payload, uint64_t* bytes) {
 void EncodeSettings(const Settings& s, std::byte* dst) {
   Put<uint32_t>(dst, s.max_concurrent_calls);
   Put<uint32_t>(dst + 4, s.max_message_bytes);
+  Put<uint32_t>(dst + 8, s.features);
 }
 
 std::string DecodeSettings(std::span<const std::byte> payload, Settings* out) {
-  if (payload.size() < kSettingsBytes) {
+  if (payload.size() < kMinSettingsBytes) {
     return "SETTINGS payload of " + std::to_string(payload.size()) + " bytes, need " +
-           std::to_string(kSettingsBytes);
+           std::to_string(kMinSettingsBytes);
   }
   out->max_concurrent_calls = Get<uint32_t>(payload.data());
   out->max_message_bytes = Get<uint32_t>(payload.data() + 4);
+  out->features = payload.size() >= 12 ? Get<uint32_t>(payload.data() + 8) : 0;
   return "";
 }
 

@@ -38,15 +38,24 @@ enum class FrameType : uint8_t {
   kPong = 5,
   kGoAway = 6,
   kSettings = 7,
-  kStreamMessage = 8,  // one message of a server stream (server -> client), in order
-  kWindow = 9,         // stream flow control: the client read this much more (client -> server)
+  kStreamMessage = 8,  // one message of a stream, in order (either direction)
+  kWindow = 9,         // stream flow control: the receiver read this much more (either direction)
 };
 
-// Server streams: a server may send a stream's next message while the frame bytes it has sent
-// on that stream beyond what the client has acknowledged with WINDOW frames are under this (so
-// a message larger than the window still goes, alone). The client acknowledges as its reader
-// takes messages, once half a window has been read. What a slow reader makes either side hold
-// per stream: at most this plus one message.
+// REQUEST flags: which way the call streams. The server refuses (UNIMPLEMENTED, naming both
+// kinds) a request whose flags do not match its method's kind, so that client and server built
+// from different .proto files fail clearly instead of waiting on each other.
+inline constexpr uint8_t kRequestFlagClientStream = 0x01;  // messages follow as STREAM_MESSAGE
+inline constexpr uint8_t kRequestFlagServerStream = 0x02;  // replies come as STREAM_MESSAGE
+// STREAM_MESSAGE flag, client -> server only: the client has sent its last message (half-close,
+// "writes done"); the payload is empty.
+inline constexpr uint8_t kStreamFlagEnd = 0x01;
+
+// Streams, in each direction: a sender may send a stream's next message while the frame bytes
+// it has sent on that stream beyond what the receiver has acknowledged with WINDOW frames are
+// under this (so a message larger than the window still goes, alone). The receiver acknowledges
+// as its reader takes messages, once half a window has been read. What a slow reader makes
+// either side hold per stream: at most this plus one message.
 inline constexpr uint64_t kStreamWindowBytes = 256 * 1024;
 // A WINDOW frame's payload: u64, the frame bytes read since the last one.
 inline constexpr size_t kWindowBytes = 8;
@@ -100,14 +109,20 @@ inline std::chrono::steady_clock::time_point DeadlineFromBudget(
 
 // The payload of the SETTINGS frame a server sends first on every connection: u32 the most
 // calls it runs at once for this connection (0 = no limit), u32 the largest message it accepts
-// (0 = not announced). A client waits for it before its first call and keeps within both.
+// (0 = not announced), u32 feature bits (absent from servers that predate them: read as 0). A
+// client waits for it before its first call and keeps within both limits.
 struct Settings {
   uint32_t max_concurrent_calls = 0;
   // The largest message the server accepts (0 = not announced): a client fails a larger request
   // alone with RESOURCE_EXHAUSTED instead of sending it and losing the connection.
   uint32_t max_message_bytes = 0;
+  uint32_t features = 0;  // kFeature* bits
 };
-inline constexpr size_t kSettingsBytes = 8;
+// The server takes client streams (client-streaming and bidirectional calls). A client does not
+// open one on a server without it: the caller gets UNIMPLEMENTED saying so, not a hang.
+inline constexpr uint32_t kFeatureClientStreams = 0x1;
+inline constexpr size_t kSettingsBytes = 12;    // what we send
+inline constexpr size_t kMinSettingsBytes = 8;  // what we accept (before feature bits)
 void EncodeSettings(const Settings& s, std::byte* dst);
 // Returns an empty string on success, else what is wrong.
 std::string DecodeSettings(std::span<const std::byte> payload, Settings* out);

@@ -187,7 +187,8 @@ class ServerConnection final : public transport::ConnectionHandler,
         executor_(conn_->executor()),
         peer_(std::make_shared<const std::string>(conn_->peer())),
         keepalive_(executor_),
-        idle_timer_(executor_) {}
+        idle_timer_(executor_),
+        break_timer_(executor_) {}
 
   const transport::Executor& executor() const override { return executor_; }
 
@@ -217,6 +218,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     settings.max_concurrent_calls = core_->options.max_concurrent_calls_per_connection;
     settings.max_message_bytes =
         static_cast<uint32_t>(std::min<size_t>(conn_->max_message_bytes(), UINT32_MAX));
+    settings.features = kFeatureClientStreams;
     std::byte payload[kSettingsBytes];
     EncodeSettings(settings, payload);
     FrameHeader h;
@@ -283,6 +285,9 @@ class ServerConnection final : public transport::ConnectionHandler,
       case FrameType::kCancel:
         OnCancel(f.header.call_id);
         break;
+      case FrameType::kStreamMessage:
+        OnStreamMessage(f);
+        break;
       case FrameType::kWindow: {
         uint64_t bytes = 0;
         if (!DecodeWindow(f.payload, &bytes).empty()) {
@@ -306,6 +311,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     spdlog::debug("server: connection from {} closed: {}", *peer_, reason.message);
     keepalive_.Stop();
     idle_timer_.cancel();
+    break_timer_.cancel();
     conn_.reset();
     if (counted_) core_->connections.fetch_sub(1);
     counted_ = false;
@@ -323,6 +329,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     hook->next = running_;
     if (running_) running_->prev = hook;
     running_ = hook;
+    if (hook->streaming) streams_[hook->call_id] = hook;
   }
 
   void Untrack(CancelHook* hook) override {
@@ -330,6 +337,23 @@ class ServerConnection final : public transport::ConnectionHandler,
     if (hook->next) hook->next->prev = hook->prev;
     if (running_ == hook) running_ = hook->next;
     hook->prev = hook->next = nullptr;
+    if (hook->streaming) streams_.erase(hook->call_id);
+  }
+
+  void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) override {
+    held_bytes_ -= bytes;
+    inbox.unreported += bytes;
+    if (inbox.unreported >= kStreamWindowBytes / 2 && !inbox.ended && conn_ && !conn_->closed()) {
+      FrameHeader h;
+      h.type = FrameType::kWindow;
+      h.call_id = call_id;
+      std::byte payload[kWindowBytes];
+      EncodeWindow(inbox.unreported, payload);
+      conn_->Send(
+          FrameWriter(h, std::string_view(reinterpret_cast<const char*>(payload), kWindowBytes)));
+      inbox.unreported = 0;
+    }
+    Throttle();
   }
 
   bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
@@ -420,13 +444,30 @@ class ServerConnection final : public transport::ConnectionHandler,
   }
 
   // A protocol error: tell the client why (GOAWAY), take nothing more from it, and close once
-  // the calls that arrived before the error have delivered their replies.
+  // the calls that arrived before the error have delivered their replies, or after
+  // kCloseGraceMs whatever they are doing (a handler waiting for its caller would wait forever:
+  // nothing more is read from this connection, its close included). Client streams are
+  // cancelled at once: the rest of their input will never come, and ending them as if the
+  // caller had half-closed would pass a truncated stream off as whole.
   void Break(const Status& why) {
     if (broken_ || !conn_) return;
     broken_ = true;
     conn_->PauseReceiving();
     SendGoAway(why);
-    if (calls_ == 0) conn_->CloseAfterSending(kCloseGraceMs);
+    if (calls_ == 0) {
+      conn_->CloseAfterSending(kCloseGraceMs);
+      return;
+    }
+    for (CancelHook* h = running_; h;) {
+      CancelHook* next = h->next;
+      if (h->inbox) h->Cancel();
+      h = next;
+    }
+    break_timer_.expires_after(std::chrono::milliseconds(kCloseGraceMs));
+    std::weak_ptr<ServerConnection> weak = shared_from_this();
+    break_timer_.async_wait([weak](boost::system::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->Close();
+    });
   }
 
   // Idle timeout: a connection with no call running that has started or finished no call for a
@@ -485,12 +526,42 @@ class ServerConnection final : public transport::ConnectionHandler,
   // The caller read more of a stream: the writer may send that much more. A WINDOW for a call
   // that has ended (crossed its end on the wire) is ignored.
   void OnWindow(uint64_t call_id, uint64_t bytes) {
-    for (CancelHook* h = running_; h; h = h->next) {
-      if (h->call_id == call_id) {
-        h->AddCredit(bytes);
-        return;
-      }
+    if (auto it = streams_.find(call_id); it != streams_.end()) it->second->AddCredit(bytes);
+  }
+
+  // A message of a client stream (or its half-close), kept for the handler's Read. Its bytes
+  // count against the connection's memory budget until read. One for a call that has ended is
+  // dropped (it crossed the end on the wire); one past the stream's window, after the
+  // half-close, or for a call that takes no messages breaks the protocol.
+  void OnStreamMessage(const DecodedFrame& f) {
+    auto it = streams_.find(f.header.call_id);
+    if (it == streams_.end()) return;
+    CancelHook* hook = it->second;
+    StreamInbox* in = hook->inbox;
+    if (in == nullptr) {
+      Break(Status(StatusCode::kInvalidArgument, "STREAM_MESSAGE for a call that takes none"));
+      return;
     }
+    if (in->ended) {
+      Break(Status(StatusCode::kInvalidArgument, "STREAM_MESSAGE after the caller's half-close"));
+      return;
+    }
+    if (f.header.flags & kStreamFlagEnd) {
+      in->ended = true;
+      hook->WakeReader();
+      return;
+    }
+    if (in->buffered + in->unreported >= kStreamWindowBytes) {
+      Break(
+          Status(StatusCode::kInvalidArgument, "client sent past a stream's flow-control window"));
+      return;
+    }
+    if (hook->context->cancelled()) return;  // nobody will read it
+    in->messages.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+    const size_t cost = kFrameHeaderBytes + f.payload.size();
+    in->buffered += cost;
+    held_bytes_ += cost;
+    hook->WakeReader();
   }
 
   void OnRequest(const DecodedFrame& f, size_t bytes) {
@@ -525,8 +596,19 @@ class ServerConnection final : public transport::ConnectionHandler,
         return;
       }
     }
-    const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
     const MethodEntry* entry = it->second.second;
+    const auto called_as = static_cast<MethodKind>(
+        f.header.flags & (kRequestFlagClientStream | kRequestFlagServerStream));
+    if (called_as != entry->info.kind) {
+      // Client and server were built from different definitions of the method.
+      SendError(reply, Status(StatusCode::kUnimplemented,
+                              "method " + std::string(entry->info.full_name) + " is " +
+                                  MethodKindName(entry->info.kind) +
+                                  " on this server, but the caller called it as " +
+                                  MethodKindName(called_as)));
+      return;
+    }
+    const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
     ++calls_;
     ++started_;
@@ -546,6 +628,7 @@ class ServerConnection final : public transport::ConnectionHandler,
   std::shared_ptr<const std::string> peer_;
   Keepalive keepalive_;
   asio::steady_timer idle_timer_;
+  asio::steady_timer break_timer_;  // closes a broken connection whose calls do not end
   uint64_t pings_ = 0;
   uint32_t calls_ = 0;     // running on this connection
   size_t held_bytes_ = 0;  // request bytes of the running calls
@@ -557,6 +640,9 @@ class ServerConnection final : public transport::ConnectionHandler,
   bool paused_ = false;            // receiving paused by Throttle
   bool broken_ = false;            // protocol error: closing once its calls are done
   CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
+  // The streaming calls among them, by call id: their WINDOW and STREAM_MESSAGE frames come
+  // often, so they are found without a walk.
+  std::unordered_map<uint64_t, CancelHook*> streams_;
 };
 
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
@@ -576,7 +662,47 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
   co_return true;
 }
 
+asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
+  StreamInbox& in = *call_.hook().inbox;
+  for (;;) {
+    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
+    if (!in.messages.empty()) break;
+    if (in.ended) co_return false;
+    // Nothing yet: wait for the caller's next message, its half-close, or the call's end.
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
+        [&in](auto handler) {
+          asio::any_completion_handler<void()>(std::move(handler)).swap(in.reader);
+        },
+        asio::use_awaitable);
+  }
+  std::string message = std::move(in.messages.front());
+  in.messages.pop_front();
+  const size_t cost = kFrameHeaderBytes + message.size();
+  in.buffered -= cost;
+  call_.sink()->StreamMessageTaken(call_.call_id(), in, cost);
+  if (!out.ParseFromString(message)) {
+    error_ = Status(StatusCode::kInvalidArgument,
+                    "stream message does not parse as " + out.GetTypeName());
+    co_return false;
+  }
+  co_return true;
+}
+
 }  // namespace internal
+
+const char* MethodKindName(MethodKind kind) {
+  switch (kind) {
+    case MethodKind::kUnary:
+      return "unary";
+    case MethodKind::kClientStreaming:
+      return "client-streaming";
+    case MethodKind::kServerStreaming:
+      return "server-streaming";
+    case MethodKind::kBidiStreaming:
+      return "bidirectional-streaming";
+  }
+  return "unknown";
+}
 
 Server::Server(ServerOptions options) : core_(std::make_shared<internal::ServerCore>()) {
   if (options.io_threads < 1) options.io_threads = 1;

@@ -14,7 +14,9 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,13 +28,34 @@
 
 namespace rdmarpc {
 
+// Which way a method streams. The values are the REQUEST flags that announce it on the wire
+// (kRequestFlagClientStream, kRequestFlagServerStream).
+enum class MethodKind : uint8_t {
+  kUnary = 0,
+  kClientStreaming = 1,  // rpc Upload(stream Chunk) returns (Summary)
+  kServerStreaming = 2,  // rpc Watch(Req) returns (stream Event)
+  kBidiStreaming = 3,    // rpc Chat(stream Msg) returns (stream Msg)
+};
+const char* MethodKindName(MethodKind kind);
+
 // Identifies a method for a client call. Static storage in generated code.
 struct MethodInfo {
   std::string_view full_name;  // "/demo.Echo/Say"
   uint32_t id;
+  MethodKind kind = MethodKind::kUnary;
 };
 
 namespace internal {
+// Client streams on the server: the messages the caller sent that the handler has not read yet
+// (at most kStreamWindowBytes of frames, plus one message), and the handler's Read waiting.
+struct StreamInbox {
+  std::deque<std::string> messages;
+  uint64_t buffered = 0;    // frame bytes of `messages`
+  uint64_t unreported = 0;  // frame bytes read since the last WINDOW sent to the caller
+  bool ended = false;       // the caller half-closed: nothing more comes
+  boost::asio::any_completion_handler<void()> reader;
+};
+
 // A running call its connection can cancel: a node of the connection's intrusive list (no
 // allocation; it lives in the call's own state). Touched only on the connection's thread.
 struct CancelHook {
@@ -42,11 +65,14 @@ struct CancelHook {
   CancelHook* prev = nullptr;
   CancelHook* next = nullptr;
 
+  // Streams (any kind): found by call id for their WINDOW and STREAM_MESSAGE frames.
+  bool streaming = false;
   // Server streams: the bytes the caller still lets us send (see kStreamWindowBytes; negative
   // after a message larger than what was left), and the writer waiting for more.
   int64_t credit = 0;
   boost::asio::any_completion_handler<void()> credit_waiter;
-  transport::Executor executor;  // the connection's: where the writer resumes (streams only)
+  transport::Executor executor;  // the connection's: where waiters resume (streams only)
+  StreamInbox* inbox = nullptr;  // client streams: what the caller sent
 
   // Marks the call cancelled and cancels what its handler awaits; once only.
   void Cancel() {
@@ -54,6 +80,7 @@ struct CancelHook {
     context->MarkCancelled();
     signal->emit(boost::asio::cancellation_type::terminal);
     WakeWriter();
+    WakeReader();
   }
 
   // A WINDOW frame: the caller read `bytes` more of the stream.
@@ -67,6 +94,14 @@ struct CancelHook {
     if (!credit_waiter) return;
     boost::asio::any_completion_handler<void()> h;
     h.swap(credit_waiter);  // swap: Boost 1.81's move-assignment recurses
+    boost::asio::post(executor, [h = std::move(h)]() mutable { std::move(h)(); });
+  }
+
+  // Resumes a Read waiting for the caller's next message (posted, as above).
+  void WakeReader() {
+    if (!inbox || !inbox->reader) return;
+    boost::asio::any_completion_handler<void()> h;
+    h.swap(inbox->reader);
     boost::asio::post(executor, [h = std::move(h)]() mutable { std::move(h)(); });
   }
 };
@@ -100,6 +135,10 @@ class CallSink {
   // untouched) or the message is over the limit (`error` says so).
   virtual bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
                                  size_t* cost, Status* error) = 0;
+  // Client streams: the handler took `bytes` (frame bytes) out of `inbox`: they no longer count
+  // against the connection's memory budget, and the caller is sent WINDOW when half a window
+  // has been read.
+  virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) = 0;
   virtual const transport::Executor& executor() const = 0;
 };
 }  // namespace internal
@@ -141,13 +180,30 @@ class ServerCall {
     tracked_ = true;
   }
 
+  // For streaming calls, instead of TrackCancellation: also makes the call's stream frames
+  // reach it. `inbox` is null for server streams (the caller sends no messages).
+  void TrackStream(boost::asio::cancellation_signal* signal, internal::StreamInbox* inbox) {
+    hook_.streaming = true;
+    hook_.credit = static_cast<int64_t>(kStreamWindowBytes);
+    hook_.executor = executor();
+    hook_.inbox = inbox;
+    TrackCancellation(signal);
+  }
+
   void Finish(const Status& status, const google::protobuf::MessageLite* reply) {
     auto sink = std::move(sink_);
     if (!sink) return;
     if (tracked_) sink->Untrack(&hook_);
     tracked_ = false;
+    // Messages the handler left unread stop counting against the connection with the call.
+    size_t held = request_bytes_;
+    if (hook_.inbox) {
+      held += hook_.inbox->buffered;
+      hook_.inbox->buffered = 0;
+      hook_.inbox->messages.clear();
+    }
     // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.
-    sink->FinishCall(call_id_, request_bytes_, status, reply, !context_.cancelled());
+    sink->FinishCall(call_id_, held, status, reply, !context_.cancelled());
   }
 
  private:
@@ -160,13 +216,21 @@ class ServerCall {
 };
 
 namespace internal {
-// The non-template half of ServerWriter (server.cc).
+// The non-template half of the server's stream handles (server.cc).
 class ServerStream {
  public:
   explicit ServerStream(ServerCall& call) : call_(call) {}
   boost::asio::awaitable<bool> Write(const google::protobuf::MessageLite& message);
-  // Set when a message could not be sent for a reason of its own (too large): the call ends
-  // with it, whatever the handler returns.
+  // The caller's next message into `out`; false at the end (see ServerReader::Read).
+  boost::asio::awaitable<bool> Read(google::protobuf::MessageLite& out);
+  template <class Req>
+  boost::asio::awaitable<std::optional<Req>> ReadAs() {
+    Req message;
+    if (co_await Read(message)) co_return std::optional<Req>(std::move(message));
+    co_return std::nullopt;
+  }
+  // Set when a message could not be sent or read for a reason of its own (too large, does not
+  // parse): the call ends with it, whatever the handler returns.
   const Status& error() const { return error_; }
 
  private:
@@ -189,6 +253,50 @@ class ServerWriter {
   // Returns false when the stream is over (the caller cancelled or its deadline passed, the
   // connection is gone) or `message` is over the message limit (the call then ends with
   // RESOURCE_EXHAUSTED, whatever the handler returns): stop writing and return.
+  boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }
+
+  const Status& error() const { return stream_.error(); }
+
+ private:
+  internal::ServerStream stream_;
+};
+
+// The receiving end of a client stream, handed to a client-streaming method's handler. Owned by
+// the call; valid until the handler returns. Use from the handler's coroutine only.
+template <class Req>
+class ServerReader {
+ public:
+  explicit ServerReader(ServerCall& call) : stream_(call) {}
+  ServerReader(const ServerReader&) = delete;
+  ServerReader& operator=(const ServerReader&) = delete;
+
+  // The caller's next message, in the order sent, or nullopt when there are no more: the caller
+  // half-closed (WritesDone/Finish), cancelled, its deadline passed or its connection went (see
+  // ServerContext::cancelled()), or a message did not parse (the call then ends with
+  // INVALID_ARGUMENT, whatever the handler returns). The caller sends at most kStreamWindowBytes
+  // ahead of what Read has taken: a handler that reads slowly holds the caller back.
+  boost::asio::awaitable<std::optional<Req>> Read() { return stream_.ReadAs<Req>(); }
+
+  const Status& error() const { return stream_.error(); }
+
+ private:
+  internal::ServerStream stream_;
+};
+
+// Both ends of a bidirectional stream, handed to its handler. One Read and one Write may be in
+// progress at once (e.g. from two coroutines of the handler on the call's executor); reads and
+// writes are independent: each direction has its own order and its own window.
+template <class Req, class Resp>
+class ServerReaderWriter {
+ public:
+  explicit ServerReaderWriter(ServerCall& call) : stream_(call) {}
+  ServerReaderWriter(const ServerReaderWriter&) = delete;
+  ServerReaderWriter& operator=(const ServerReaderWriter&) = delete;
+
+  // As ServerReader::Read.
+  boost::asio::awaitable<std::optional<Req>> Read() { return stream_.ReadAs<Req>(); }
+  // As ServerWriter::Write. Writing after the caller half-closed is fine: half-close ends only
+  // the caller's direction.
   boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }
 
   const Status& error() const { return stream_.error(); }
@@ -239,6 +347,23 @@ void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
     return;
   }
   sink->Run(std::move(job));
+}
+
+// Awaits a streaming handler's `body` (a coroutine lambda, awaited at once), turning what it
+// throws into INTERNAL, and a stream error (a message too large, one that does not parse) into
+// the call's Status (`stream_error`, read once the body is done), whatever the handler returned.
+template <class Body>
+boost::asio::awaitable<Status> RunStreamHandler(Body body, const Status& stream_error) {
+  Status status;
+  try {
+    status = co_await body();
+  } catch (const std::exception& e) {
+    status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+  } catch (...) {
+    status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+  }
+  if (!stream_error.ok()) status = stream_error;
+  co_return status;
 }
 }  // namespace internal
 
@@ -297,18 +422,9 @@ class ServerStreamingMethodHandler final : public MethodHandler {
     Job(Invoker i, Service& s, ServerCall c)
         : invoke(i), service(s), call(std::move(c)), writer(call) {}
     boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
-      call.TrackCancellation(cancel);
-      call.hook().credit = static_cast<int64_t>(kStreamWindowBytes);
-      call.hook().executor = call.executor();  // set here, not per unary call
-      Status status;
-      try {
-        status = co_await invoke(service, call.context(), request, writer);
-      } catch (const std::exception& e) {
-        status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
-      } catch (...) {
-        status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
-      }
-      if (!writer.error().ok()) status = writer.error();
+      call.TrackStream(cancel, nullptr);
+      Status status = co_await internal::RunStreamHandler(
+          [this] { return invoke(service, call.context(), request, writer); }, writer.error());
       call.Finish(status, nullptr);
     }
     Invoker invoke;
@@ -316,6 +432,78 @@ class ServerStreamingMethodHandler final : public MethodHandler {
     ServerCall call;
     ServerWriter<Resp> writer;  // after call: refers to it
     Req request;
+  };
+
+  Invoker invoke_;
+};
+
+// The handler of a client-streaming method: any number of requests read through a ServerReader,
+// then one reply with the handler's Status. The REQUEST frame carries no message. A generated
+// constant.
+template <class Req, class Resp>
+class ClientStreamingMethodHandler final : public MethodHandler {
+ public:
+  using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, ServerReader<Req>&,
+                                                     Resp&);
+  explicit constexpr ClientStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+
+  void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
+    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
+    internal::CallSink* sink = job->call.sink();
+    sink->Run(std::move(job));
+  }
+
+ private:
+  struct Job final : internal::CallJob {
+    Job(Invoker i, Service& s, ServerCall c)
+        : invoke(i), service(s), call(std::move(c)), reader(call) {}
+    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+      call.TrackStream(cancel, &inbox);
+      Status status = co_await internal::RunStreamHandler(
+          [this] { return invoke(service, call.context(), reader, reply); }, reader.error());
+      call.Finish(status, status.ok() ? &reply : nullptr);
+    }
+    Invoker invoke;
+    Service& service;
+    ServerCall call;
+    internal::StreamInbox inbox;
+    ServerReader<Req> reader;  // after call: refers to it
+    Resp reply;
+  };
+
+  Invoker invoke_;
+};
+
+// The handler of a bidirectional-streaming method: messages both ways through a
+// ServerReaderWriter, then the handler's Status ends the call. A generated constant.
+template <class Req, class Resp>
+class BidiStreamingMethodHandler final : public MethodHandler {
+ public:
+  using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&,
+                                                     ServerReaderWriter<Req, Resp>&);
+  explicit constexpr BidiStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+
+  void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
+    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
+    internal::CallSink* sink = job->call.sink();
+    sink->Run(std::move(job));
+  }
+
+ private:
+  struct Job final : internal::CallJob {
+    Job(Invoker i, Service& s, ServerCall c)
+        : invoke(i), service(s), call(std::move(c)), stream(call) {}
+    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+      call.TrackStream(cancel, &inbox);
+      Status status = co_await internal::RunStreamHandler(
+          [this] { return invoke(service, call.context(), stream); }, stream.error());
+      call.Finish(status, nullptr);
+    }
+    Invoker invoke;
+    Service& service;
+    ServerCall call;
+    internal::StreamInbox inbox;
+    ServerReaderWriter<Req, Resp> stream;  // after call: refers to it
   };
 
   Invoker invoke_;

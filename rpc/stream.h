@@ -1,20 +1,32 @@
-// Server streams on the client side: what a generated stub returns for a server-streaming method
-// (`rpc Watch(Req) returns (stream Ev)`).
+// Streams on the client side: what generated stubs return for streaming methods.
 //
+//   // rpc Watch(Req) returns (stream Ev): a ClientReader
 //   auto call = co_await stub.Watch(req, options);
 //   while (auto ev = co_await call.Read()) { ... }
 //   Status s = co_await call.Finish();
 //
-// Messages arrive in order, each exactly once, or the stream ends with a Status saying why.
-// Flow control: the server sends at most kStreamWindowBytes ahead of what Read has taken, so a
-// reader that stops reading holds back the server instead of buffering without bound. The
-// call's deadline (CallOptions) covers the whole stream; cancelling a Read (Asio per-operation
-// cancellation), Cancel() or dropping the reader ends the stream and tells the server at once.
-// A stream is not resumed across a reconnect: a lost connection ends it with UNAVAILABLE.
+//   // rpc Upload(stream Chunk) returns (Summary): a ClientWriter
+//   auto call = co_await stub.Upload(options);
+//   for (...) if (!co_await call.Write(chunk)) break;  // false: the call is over; Finish says why
+//   Result<Summary> summary = co_await call.Finish();  // half-closes, then waits for the reply
 //
-// Threading: a reader is used by one coroutine at a time (Read and Finish are not concurrent);
-// from any executor (calls hop to the channel's). BlockingReader is for ordinary code, not on the
-// channel's own thread.
+//   // rpc Chat(stream Msg) returns (stream Msg): a ClientReaderWriter
+//   auto call = co_await stub.Chat(options);
+//   co_await call.Write(msg);  ...  co_await call.WritesDone();
+//   while (auto m = co_await call.Read()) { ... }
+//   Status s = co_await call.Finish();
+//
+// Messages arrive in order, each exactly once, or the call ends with a Status saying why. Flow
+// control, each way: a sender is at most kStreamWindowBytes ahead of what the other side's Read
+// has taken, so a reader that stops holds the sender back (its Write waits) instead of either
+// side buffering without bound. The call's deadline (CallOptions) covers the whole stream;
+// cancelling a Read or Write (Asio per-operation cancellation), Cancel() or dropping the handle
+// ends the call and tells the server at once. A stream is not resumed across a reconnect: a lost
+// connection ends it with UNAVAILABLE.
+//
+// Threading: a handle is used by one coroutine at a time for reading and one for writing (a
+// Read and a Write may wait at once; two Reads may not); from any executor (calls hop to the
+// channel's). The Blocking* variants are for ordinary code, not on the channel's own thread.
 #pragma once
 
 #include <google/protobuf/message_lite.h>
@@ -29,56 +41,133 @@
 
 namespace rdmarpc {
 
-template <class Resp>
-class ClientReader {
+namespace internal {
+// What every client stream handle holds: the stream's place in its channel, or why it did not
+// start, and how it ended once Finish has said so.
+class ClientStreamBase {
  public:
-  ClientReader() = default;  // an empty reader: Read ends at once, Finish fails
-  explicit ClientReader(internal::StreamRef ref) : ref_(std::move(ref)) {
+  ClientStreamBase() = default;  // an empty handle: Read and Write end at once, Finish fails
+  explicit ClientStreamBase(StreamRef ref) : ref_(std::move(ref)) {
     if (!ref_.core) finished_ = ref_.error;
   }
-  ClientReader(ClientReader&& other) noexcept
+  ClientStreamBase(ClientStreamBase&& other) noexcept
       : ref_(std::move(other.ref_)), finished_(std::move(other.finished_)) {
     other.ref_.core.reset();
   }
-  ClientReader& operator=(ClientReader&&) = delete;
-  ClientReader(const ClientReader&) = delete;
-  ~ClientReader() {
-    if (ref_.core) internal::ReleaseStream(ref_);  // cancels a stream still running
+  ClientStreamBase& operator=(ClientStreamBase&&) = delete;
+  ClientStreamBase(const ClientStreamBase&) = delete;
+  ~ClientStreamBase() {
+    if (ref_.core) ReleaseStream(ref_);  // cancels a stream still running
   }
 
-  // The next message, or nullopt once the stream is over (then Finish says how it ended).
-  boost::asio::awaitable<std::optional<Resp>> Read() {
-    if (!ref_.core) co_return std::nullopt;
+  // Ends the call now (the server is told); Finish then returns CANCELLED, and a Read or Write
+  // waiting elsewhere returns at once. Thread-safe.
+  void Cancel() {
+    if (ref_.core) CancelStream(ref_);
+  }
+
+ protected:
+  boost::asio::awaitable<bool> ReadMessage(google::protobuf::MessageLite& out) {
+    if (!ref_.core) co_return false;
+    co_return co_await ReadStream(ref_, out);
+  }
+  template <class Resp>
+  boost::asio::awaitable<std::optional<Resp>> ReadAs() {
     Resp message;
-    if (co_await internal::ReadStream(ref_, message))
-      co_return std::optional<Resp>(std::move(message));
+    if (co_await ReadMessage(message)) co_return std::optional<Resp>(std::move(message));
     co_return std::nullopt;
   }
-
-  // How the stream ended: OK, the server handler's error, or the transport's (UNAVAILABLE),
-  // DEADLINE_EXCEEDED, CANCELLED. Waits for the end of the stream, dropping unread messages.
-  boost::asio::awaitable<Status> Finish() {
+  boost::asio::awaitable<bool> WriteMessage(const google::protobuf::MessageLite& message) {
+    if (!ref_.core) co_return false;
+    co_return co_await WriteStream(ref_, message);
+  }
+  boost::asio::awaitable<bool> HalfClose() {
+    if (!ref_.core) co_return false;
+    co_return co_await HalfCloseStream(ref_);
+  }
+  boost::asio::awaitable<Status> FinishWith(google::protobuf::MessageLite* reply) {
     if (!ref_.core) {
       co_return finished_ ? *finished_
-                          : Status(StatusCode::kFailedPrecondition, "empty stream reader");
+                          : Status(StatusCode::kFailedPrecondition, "empty stream handle");
     }
-    Status s = co_await internal::FinishStream(ref_);
+    Status s = co_await FinishStream(ref_, reply);
     ref_.core.reset();
     finished_ = s;
     co_return s;
   }
 
-  // Ends the stream now (the server is told); Finish then returns CANCELLED. Thread-safe.
-  void Cancel() {
-    if (ref_.core) internal::CancelStream(ref_);
-  }
-
  private:
-  internal::StreamRef ref_;
+  StreamRef ref_;
   std::optional<Status> finished_;
 };
+}  // namespace internal
 
-// The same for ordinary (non-coroutine) code.
+// The client's end of a server stream.
+template <class Resp>
+class ClientReader : public internal::ClientStreamBase {
+ public:
+  using ClientStreamBase::ClientStreamBase;
+  ClientReader() = default;
+  ClientReader(ClientReader&&) noexcept = default;
+
+  // The next message, or nullopt once the stream is over (then Finish says how it ended).
+  boost::asio::awaitable<std::optional<Resp>> Read() { return ReadAs<Resp>(); }
+
+  // How the stream ended: OK, the server handler's error, or the transport's (UNAVAILABLE),
+  // DEADLINE_EXCEEDED, CANCELLED. Waits for the end of the stream, dropping unread messages.
+  boost::asio::awaitable<Status> Finish() { return FinishWith(nullptr); }
+};
+
+// The client's end of a client stream: any number of Writes, then Finish for the one reply.
+template <class Req, class Resp>
+class ClientWriter : public internal::ClientStreamBase {
+ public:
+  using ClientStreamBase::ClientStreamBase;
+  ClientWriter() = default;
+  ClientWriter(ClientWriter&&) noexcept = default;
+
+  // Sends `message` after those written before it, once the server's window has room (waits
+  // while it has none). `message` must outlive the co_await. False when the call is over (the
+  // server answered already, the call was cancelled or its deadline passed, the connection is
+  // gone, `message` is over the message limit): stop writing; Finish says why.
+  boost::asio::awaitable<bool> Write(const Req& message) { return WriteMessage(message); }
+
+  // Tells the server no more messages come (its Read ends after the last). Finish does this
+  // itself; false when the call is over or this was done already.
+  boost::asio::awaitable<bool> WritesDone() { return HalfClose(); }
+
+  // Half-closes if not yet done and waits for the server's reply: `reply` is filled when the
+  // Status is OK.
+  boost::asio::awaitable<Status> Finish(Resp& reply) { return FinishWith(&reply); }
+  boost::asio::awaitable<Result<Resp>> Finish() {
+    Resp reply;
+    Status s = co_await FinishWith(&reply);
+    if (!s.ok()) co_return s;
+    co_return std::move(reply);
+  }
+};
+
+// The client's end of a bidirectional stream: Read and Write are independent (each direction
+// has its own order and window); one of each may wait at once.
+template <class Req, class Resp>
+class ClientReaderWriter : public internal::ClientStreamBase {
+ public:
+  using ClientStreamBase::ClientStreamBase;
+  ClientReaderWriter() = default;
+  ClientReaderWriter(ClientReaderWriter&&) noexcept = default;
+
+  // As ClientReader::Read.
+  boost::asio::awaitable<std::optional<Resp>> Read() { return ReadAs<Resp>(); }
+  // As ClientWriter::Write.
+  boost::asio::awaitable<bool> Write(const Req& message) { return WriteMessage(message); }
+  // Half-close: the server's Read ends; the server may go on writing.
+  boost::asio::awaitable<bool> WritesDone() { return HalfClose(); }
+  // Half-closes if not yet done, waits for the server's end (dropping unread messages) and
+  // returns its Status.
+  boost::asio::awaitable<Status> Finish() { return FinishWith(nullptr); }
+};
+
+// The same for ordinary (non-coroutine) code. Each holds the channel, whose loop runs the calls.
 template <class Resp>
 class BlockingReader {
  public:
@@ -91,6 +180,38 @@ class BlockingReader {
  private:
   std::shared_ptr<Channel> channel_;
   ClientReader<Resp> reader_;  // after channel_: released before it
+};
+
+template <class Req, class Resp>
+class BlockingWriter {
+ public:
+  BlockingWriter(std::shared_ptr<Channel> channel, ClientWriter<Req, Resp> writer)
+      : channel_(std::move(channel)), writer_(std::move(writer)) {}
+  bool Write(const Req& message) { return channel_->Run(writer_.Write(message)); }
+  bool WritesDone() { return channel_->Run(writer_.WritesDone()); }
+  Result<Resp> Finish() { return channel_->Run(writer_.Finish()); }
+  void Cancel() { writer_.Cancel(); }
+
+ private:
+  std::shared_ptr<Channel> channel_;
+  ClientWriter<Req, Resp> writer_;
+};
+
+// Read and Write may be called from two threads at once (one reader, one writer).
+template <class Req, class Resp>
+class BlockingReaderWriter {
+ public:
+  BlockingReaderWriter(std::shared_ptr<Channel> channel, ClientReaderWriter<Req, Resp> stream)
+      : channel_(std::move(channel)), stream_(std::move(stream)) {}
+  std::optional<Resp> Read() { return channel_->Run(stream_.Read()); }
+  bool Write(const Req& message) { return channel_->Run(stream_.Write(message)); }
+  bool WritesDone() { return channel_->Run(stream_.WritesDone()); }
+  Status Finish() { return channel_->Run(stream_.Finish()); }
+  void Cancel() { stream_.Cancel(); }
+
+ private:
+  std::shared_ptr<Channel> channel_;
+  ClientReaderWriter<Req, Resp> stream_;
 };
 
 }  // namespace rdmarpc

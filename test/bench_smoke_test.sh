@@ -47,4 +47,9 @@ g=$($bin/grpc_bench --target "$addr" --depth 4 --request-bytes 100 --response-by
 echo "$g"
 echo "$g" | grep -q '"failed":0,' || fail "grpc_bench calls failed"
 echo "$g" | grep -Eq '"calls":[1-9][0-9]*,' || fail "grpc_bench counted nothing"
+gs=$($bin/grpc_bench --target "$addr" --stream --response-bytes 100 --duration 1 --warmup 0 \
+     --json) || fail "grpc_bench stream run failed: $gs"
+echo "$gs"
+echo "$gs" | grep -Eq '"messages":[1-9][0-9]*,' || fail "grpc_bench counted no stream messages"
+echo "$gs" | grep -q '"error":""' || fail "grpc_bench stream run reported an error"
 echo "bench_smoke_test: ok"

@@ -193,6 +193,76 @@ bool ClosedByServer(int fd, std::chrono::milliseconds within) {
 
 const std::string kServer = "examples/echo/echo_server";
 
+// A REQUEST opening a client or bidirectional stream (no message; `md` as metadata).
+std::string OpenStream(uint64_t id, uint32_t method, uint8_t kind_flags, const Metadata& md = {}) {
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.flags = kind_flags;
+  h.method_id = method;
+  h.call_id = id;
+  h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
+  std::string raw(h.metadata_bytes, '\0');
+  EncodeMetadata(md, reinterpret_cast<std::byte*>(raw.data()));
+  return FrameBytes(h, raw);
+}
+
+std::string StreamMessage(uint64_t id, const std::string& payload, uint8_t flags = 0) {
+  FrameHeader h;
+  h.type = FrameType::kStreamMessage;
+  h.flags = flags;
+  h.call_id = id;
+  return FrameBytes(h, payload);
+}
+
+bool SendAll(int fd, const std::string& bytes) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n > 0) {
+      at += n;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 50);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Reads what the server sends until it closes the connection (or `within` passes) and returns
+// the message of the GOAWAY among it ("" if none came).
+std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  std::string in, goaway;
+  char buf[65536];
+  while (std::chrono::steady_clock::now() < until) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) break;
+    if (n < 0) {
+      pollfd p{fd, POLLIN, 0};
+      poll(&p, 1, 50);
+      continue;
+    }
+    in.append(buf, n);
+    // First the server's handshake answer, then length-prefixed frames.
+    size_t at = transport::kAnswerBytes;
+    while (in.size() >= at + 4) {
+      uint32_t len;
+      std::memcpy(&len, in.data() + at, 4);
+      len = le32toh(len);
+      if (in.size() < at + 4 + len) break;
+      DecodedFrame f;
+      auto frame = std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len);
+      if (DecodeFrame(frame, &f).empty() && f.header.type == FrameType::kGoAway) {
+        goaway.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+      }
+      at += 4 + len;
+    }
+  }
+  return goaway;
+}
+
 }  // namespace
 
 TEST_CASE("clients that send and never read cannot grow the server past its budget",
@@ -346,5 +416,95 @@ TEST_CASE("out of descriptors, new clients are refused at once with RESOURCE_EXH
       },
       12000ms));
   INFO(last);
+  for (int fd : fds) close(fd);
+}
+
+TEST_CASE(
+    "a client stream sent past its window, after its end or to a call that takes none "
+    "costs the sender its connection, and no one else anything",
+    "[hostile][tcp][stream]") {
+  TestServer ts("tcp://127.0.0.1:0");
+  const uint32_t upload = MethodId("/rdmarpc.testing.TestService/Upload");
+  const uint32_t count = MethodId("/rdmarpc.testing.TestService/Count");
+  const Metadata stall = {{"mode", "stall"}};
+  const std::string kib(1024, 'k');
+  struct Attack {
+    std::string name, expect;
+    std::function<std::string()> bytes;
+  };
+  const std::vector<Attack> attacks = {
+      {"past the window", "flow-control window",
+       [&] {
+         // The handler reads nothing; 300 KiB of messages is more than the 256 KiB window.
+         std::string b = OpenStream(1, upload, kRequestFlagClientStream, stall);
+         for (int i = 0; i < 300; ++i) b += StreamMessage(1, kib);
+         return b;
+       }},
+      {"after the half-close", "after the caller's half-close",
+       [&] {
+         return OpenStream(1, upload, kRequestFlagClientStream, stall) + StreamMessage(1, kib) +
+                StreamMessage(1, "", kStreamFlagEnd) + StreamMessage(1, kib);
+       }},
+      {"to a server stream", "takes none",
+       [&] {
+         CountRequest req;
+         req.set_count(1);
+         req.set_block_after(true);
+         FrameHeader h;
+         h.type = FrameType::kRequest;
+         h.flags = kRequestFlagServerStream;
+         h.method_id = count;
+         h.call_id = 1;
+         return FrameBytes(h, req.SerializeAsString()) + StreamMessage(1, kib);
+       }},
+  };
+  for (const auto& a : attacks) {
+    INFO(a.name);
+    int fd = RawClient(PortOf(ts.uri));
+    REQUIRE(SendAll(fd, a.bytes()));
+    const std::string goaway = GoAwayBeforeClose(fd, 10000ms);
+    CHECK_THAT(goaway, Catch::Contains(a.expect));
+    close(fd);
+    // The stalled handler saw its connection go; nothing is left running.
+    CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 10000ms));
+  }
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  CHECK(TestService::BlockingStub(*ch).Echo(EchoRequest(), {.timeout = 5s}).ok());
+}
+
+TEST_CASE(
+    "bidirectional streams fed by a client that never reads cannot grow the server past "
+    "its budget",
+    "[hostile][tcp][stream][memory]") {
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  const uint32_t chat = MethodId("/demo.Echo/Chat");
+  RssWatch rss(server->pid());
+  std::vector<int> fds;
+  std::vector<std::thread> flooders;
+  std::atomic<size_t> sent{0};
+  for (int c = 0; c < 2; ++c) {
+    fds.push_back(RawClient(PortOf(uri)));
+    flooders.emplace_back([&, fd = fds.back()] {
+      // A new Chat every 3 messages of 64 KiB (within each stream's window), echoes never read:
+      // the server's writers wait for window, and the connection's budget stops its reading.
+      uint64_t i = 0;
+      demo::SayRequest req;
+      req.set_payload(std::string(64 << 10, 'c'));
+      const std::string message = req.SerializeAsString();
+      sent += Flood(fd, 3000ms, [&] {
+        const uint64_t call = 1 + i / 3;
+        std::string unit = i % 3 == 0 ? OpenStream(call, chat, 3) : std::string();
+        ++i;
+        return unit + StreamMessage(call, message);
+      });
+    });
+  }
+  std::this_thread::sleep_for(1500ms);
+  CHECK(Served(uri));  // in the middle of the attack
+  for (auto& t : flooders) t.join();
+  rss.Report("bidirectional streams fed, echoes never read");
+  std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
+  CHECK(rss.peak() < kAllowedMiB);
   for (int fd : fds) close(fd);
 }

@@ -164,6 +164,11 @@ check "rdmarpc health: echo_server is SERVING" 0 "^SERVING$" "$rdmarpc" health "
 check "rdmarpc health: its demo.Echo is SERVING" 0 "^SERVING$" "$rdmarpc" health "$echo_uri" demo.Echo
 check "rdmarpc health: an unknown service is NOT_FOUND" 4 "NOT_FOUND" \
   "$rdmarpc" health "$echo_uri" no.Such
+check "echo_client --chat: 10,000 messages on one bidirectional stream, all echoed in order" 0 \
+  "^echo_client: 10000 ok, 0 failed .* messages/s" \
+  "$echo_client" --target "$echo_uri" --chat --count 10000 --payload-bytes 100 --quiet
+check "echo_client --chat prints each echo" 0 'sent "hi #2" -> got "hi #2" from tcp://.* on the stream' \
+  "$echo_client" --target "$echo_uri" --chat --count 2 --message hi
 kill -TERM "$echo_pid"
 sleep 0.3
 check "rdmarpc health: NOT_SERVING from SIGTERM, within --shutdown-grace-ms" 1 "^NOT_SERVING$" \

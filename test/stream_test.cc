@@ -6,6 +6,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
@@ -295,4 +296,378 @@ TEST_CASE("a streaming method the server does not serve is named in UNIMPLEMENTE
   Status s = call.Finish();
   CHECK(s.code() == StatusCode::kUnimplemented);
   CHECK_THAT(s.message(), Catch::Contains("rdmarpc.testing.TestService/Count"));
+}
+
+// --- client streams and bidirectional streams -------------------------------------------------
+
+namespace {
+
+EchoRequest Numbered(uint64_t seq, uint32_t payload = 0) {
+  EchoRequest r;
+  r.set_seq(seq);
+  if (payload) r.set_payload(Pattern(payload, seq));
+  return r;
+}
+
+CallOptions WithMode(std::string mode, std::chrono::milliseconds timeout = 60s) {
+  CallOptions o;
+  o.timeout = timeout;
+  o.metadata.emplace_back("mode", std::move(mode));
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a client stream delivers every message once, in order, and the reply comes back",
+          "[stream][client][core]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  const uint64_t n = 1'000'000;
+  struct Out {
+    uint64_t written = 0;
+    Result<UploadSummary> summary;
+  };
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    Out o;
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    auto call = co_await stub.Upload();
+    EchoRequest m;
+    for (uint64_t i = 0; i < n; ++i) {
+      m.set_seq(i);
+      if (!co_await call.Write(m)) break;
+      ++o.written;
+    }
+    o.summary = co_await call.Finish();
+    co_return o;
+  }());
+  INFO(out.summary.status().ToString());
+  REQUIRE(out.summary.ok());
+  CHECK(out.written == n);
+  CHECK(out.summary->count() == n);
+  CHECK(out.summary->out_of_order() == 0);
+}
+
+TEST_CASE("a client stream carries large messages intact, 16 MiB included", "[stream][client]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  for (uint32_t size : {100u, 70'000u, 16u << 20}) {
+    INFO("payload " << size);
+    const uint64_t n = size > (1u << 20) ? 4 : 50;
+    auto call = stub.Upload({.timeout = 120s});
+    for (uint64_t i = 0; i < n; ++i) REQUIRE(call.Write(Numbered(i, size)));
+    auto summary = call.Finish();
+    INFO(summary.status().ToString());
+    REQUIRE(summary.ok());
+    CHECK(summary->count() == n);
+    CHECK(summary->bad_payloads() == 0);
+    CHECK(summary->bytes() == n * size);
+  }
+}
+
+TEST_CASE("a bidirectional stream echoes in order, both ways at once", "[stream][bidi][core]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  const uint64_t n = 100'000;
+  struct Out {
+    uint64_t written = 0, read = 0, out_of_order = 0;
+    bool bye = false, writer_done = false;
+    Status status;
+  };
+  // A writer coroutine and a reader coroutine on one call, as a chat client would run them.
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    auto o = std::make_shared<Out>();
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    auto call = std::make_shared<ClientReaderWriter<EchoRequest, EchoReply>>(
+        co_await stub.Chat({.timeout = 120s}));
+    auto ex = co_await asio::this_coro::executor;
+    asio::co_spawn(
+        ex,
+        [call, o, n]() -> asio::awaitable<void> {
+          for (uint64_t i = 0; i < n; ++i) {
+            if (!co_await call->Write(Numbered(i, 16))) break;
+            ++o->written;
+          }
+          co_await call->WritesDone();
+          o->writer_done = true;
+        },
+        asio::detached);
+    while (auto m = co_await call->Read()) {
+      if (m->meta() == "bye") {
+        o->bye = m->seq() == n;
+        continue;
+      }
+      if (m->seq() != o->read || m->payload() != Pattern(16, m->seq())) ++o->out_of_order;
+      ++o->read;
+    }
+    co_await WaitUntil([o] { return o->writer_done; }, 10000ms);
+    o->status = co_await call->Finish();
+    co_return *o;
+  }());
+  INFO(out.status.ToString());
+  CHECK(out.status.ok());
+  CHECK(out.written == n);
+  CHECK(out.read == n);
+  CHECK(out.out_of_order == 0);
+  CHECK(out.bye);
+}
+
+TEST_CASE("half-close orders: the server may write after it, end before it, or never see it",
+          "[stream][bidi]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SECTION("all writes, half-close, then all reads") {
+    auto call = stub.Chat({.timeout = 30s});
+    for (uint64_t i = 0; i < 100; ++i) REQUIRE(call.Write(Numbered(i, 8)));
+    REQUIRE(call.WritesDone());
+    CHECK_FALSE(call.Write(Numbered(100)));  // nothing goes after the half-close
+    uint64_t read = 0;
+    bool bye = false;
+    while (auto m = call.Read()) {
+      if (m->meta() == "bye") {
+        bye = true;
+        CHECK(m->seq() == 100);
+      } else {
+        CHECK(m->seq() == read++);
+      }
+    }
+    CHECK(read == 100);
+    CHECK(bye);
+    CHECK(call.Finish().ok());
+  }
+  SECTION("one write, one read, in turn") {
+    auto call = stub.Chat({.timeout = 30s});
+    for (uint64_t i = 0; i < 100; ++i) {
+      REQUIRE(call.Write(Numbered(i)));
+      auto m = call.Read();
+      REQUIRE(m.has_value());
+      CHECK(m->seq() == i);
+    }
+    REQUIRE(call.WritesDone());
+    auto bye = call.Read();
+    REQUIRE(bye.has_value());
+    CHECK(bye->meta() == "bye");
+    CHECK_FALSE(call.Read().has_value());
+    CHECK(call.Finish().ok());
+  }
+  SECTION("Finish without WritesDone half-closes") {
+    auto call = stub.Chat({.timeout = 30s});
+    REQUIRE(call.Write(Numbered(0)));
+    CHECK(call.Finish().ok());
+  }
+  SECTION("the server ends first: the client's writes stop, Finish has its status") {
+    auto call = stub.Chat(WithMode("stop-after:3", 30s));
+    uint64_t written = 0;
+    // The server stops reading after 3; the rest of the window is taken, then Write fails.
+    while (written < 1'000'000 && call.Write(Numbered(written, 1024))) ++written;
+    CHECK(written >= 3);
+    CHECK(written < 1'000'000);
+    Status s = call.Finish();
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK(s.message() == "stopped after 3");
+  }
+  SECTION("a client-streaming server answers before the client is done") {
+    auto call = stub.Upload(WithMode("stop-after:5", 30s));
+    uint64_t written = 0;
+    while (written < 1'000'000 && call.Write(Numbered(written, 1024))) ++written;
+    CHECK(written >= 5);
+    auto r = call.Finish();
+    CHECK(r.status().code() == StatusCode::kFailedPrecondition);
+  }
+  CHECK(Eventually([&] { return ts.service.client_streams_running == 0; }, 10000ms));
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+TEST_CASE("a server that stops reading holds the client's writer back: memory stays bounded",
+          "[stream][client][flow]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  struct Out {
+    uint64_t written = 0;
+    bool blocked = false;
+    Status status;
+  };
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    Out o;
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    auto call = co_await stub.Upload(WithMode("stall"));
+    auto ex = co_await asio::this_coro::executor;
+    EchoRequest m = Numbered(0, 1024);
+    for (;;) {
+      // A Write that has not returned in a second is held back by the window.
+      asio::cancellation_signal cancel;
+      asio::steady_timer t(ex, 1s);
+      t.async_wait([&](boost::system::error_code ec) {
+        if (!ec) cancel.emit(asio::cancellation_type::terminal);
+      });
+      bool ok = co_await asio::co_spawn(
+          ex, call.Write(m), asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+      t.cancel();
+      if (!ok) {
+        o.blocked = true;
+        break;
+      }
+      if (++o.written > 100'000) break;
+    }
+    o.status = (co_await call.Finish()).status();
+    co_return o;
+  }());
+  const uint64_t window_msgs = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
+  std::printf(
+      "client stream flow control over %s: a server that read nothing held the writer at %llu "
+      "messages (%llu KiB), window %llu KiB\n",
+      listen.c_str(), static_cast<unsigned long long>(out.written),
+      static_cast<unsigned long long>(out.written * (1024 + kFrameHeaderBytes) / 1024),
+      static_cast<unsigned long long>(kStreamWindowBytes / 1024));
+  CHECK(out.blocked);
+  CHECK(out.written <= window_msgs);
+  CHECK(out.status.code() == StatusCode::kCancelled);  // the cancelled Write ended the call
+  CHECK(Eventually([&] { return ts.service.client_streams_running == 0; }, 10000ms));
+  CHECK(ts.service.client_streams_cancelled == 1);
+}
+
+TEST_CASE("either side cancels a client stream mid-way; the other sees it at once",
+          "[stream][client][cancel]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SECTION("the client's Cancel() while the server reads") {
+    auto call = stub.Chat({.timeout = 60s});
+    for (uint64_t i = 0; i < 10; ++i) REQUIRE(call.Write(Numbered(i)));
+    REQUIRE(call.Read().has_value());
+    call.Cancel();
+    CHECK_FALSE(call.Write(Numbered(10)));
+    CHECK(call.Finish().code() == StatusCode::kCancelled);
+    CHECK(Eventually([&] { return ts.service.client_streams_cancelled == 1; }, 10000ms));
+  }
+  SECTION("the client's Cancel() from another thread wakes a blocked Read") {
+    auto call = stub.Chat(WithMode("stall"));
+    REQUIRE(call.Write(Numbered(0)));
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(200ms);
+      call.Cancel();
+    });
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(call.Read().has_value());
+    canceller.join();
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(call.Finish().code() == StatusCode::kCancelled);
+  }
+  SECTION("dropping the writer") {
+    auto call = stub.Upload({.timeout = 60s});
+    REQUIRE(call.Write(Numbered(0)));
+  }
+  SECTION("the deadline passes while the client still writes") {
+    auto call = stub.Upload(WithMode("stall", 300ms));
+    uint64_t written = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while (written < 1'000'000 && call.Write(Numbered(written, 1024))) ++written;
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(call.Finish().status().code() == StatusCode::kDeadlineExceeded);
+  }
+  // The server's handler learns (its Read ends, ServerContext::cancelled()), and nothing is
+  // left running there.
+  CHECK(Eventually([&] { return ts.service.client_streams_running == 0; }, 10000ms));
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+TEST_CASE("a server that goes away mid client stream ends it with UNAVAILABLE",
+          "[stream][client]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  auto ts = std::make_unique<TestServer>(listen);
+  ChannelOptions o;
+  o.reconnect = false;
+  auto ch = Channel::ConnectBlocking(ts->uri, o);
+  REQUIRE(ch.ok());
+  auto call = TestService::BlockingStub(*ch).Chat(WithMode("stall", 30s));
+  REQUIRE(call.Write(Numbered(0)));
+  std::thread stop([&] { ts.reset(); });
+  while (call.Read()) {
+  }
+  Status s = call.Finish();
+  stop.join();
+  INFO(s.ToString());
+  CHECK((s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCancelled));
+}
+
+TEST_CASE("1,000 bidirectional streams at once on one channel", "[stream][bidi]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  EventLoopThread loop;
+  const int kStreams = 1000;
+  const uint64_t kEach = 20;
+  struct Out {
+    int ok = 0;
+    uint64_t echoed = 0;
+    std::string error;
+  };
+  Out out = RunOnLoop(loop, [&]() -> asio::awaitable<Out> {
+    Out o;
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    std::vector<ClientReaderWriter<EchoRequest, EchoReply>> calls;
+    for (int i = 0; i < kStreams; ++i) calls.push_back(co_await stub.Chat({.timeout = 120s}));
+    // Round-robin, a message each way at a time, so that all are open together.
+    for (uint64_t k = 0; k < kEach; ++k) {
+      for (auto& c : calls) co_await c.Write(Numbered(k));
+      for (auto& c : calls) {
+        auto m = co_await c.Read();
+        if (m && m->seq() == k) ++o.echoed;
+      }
+    }
+    for (auto& c : calls) {
+      Status s = co_await c.Finish();
+      if (s.ok()) {
+        ++o.ok;
+      } else if (o.error.empty()) {
+        o.error = s.ToString();
+      }
+    }
+    co_return o;
+  }());
+  INFO(out.error);
+  CHECK(out.ok == kStreams);
+  CHECK(out.echoed == kStreams * kEach);
+}
+
+TEST_CASE("a method called as the wrong kind gets UNIMPLEMENTED naming both kinds",
+          "[stream][kinds]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  // A client built from a .proto where Chat is unary.
+  static constexpr MethodInfo kChatAsUnary{"/rdmarpc.testing.TestService/Chat",
+                                           MethodId("/rdmarpc.testing.TestService/Chat")};
+  EchoRequest req;
+  EchoReply reply;
+  Status s = (*ch)->Run((*ch)->Call(kChatAsUnary, req, reply, {.timeout = 10s}));
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(s.message(), Catch::Contains("bidirectional-streaming on this server") &&
+                              Catch::Contains("called it as unary"));
+  // And the other way: Echo opened as a bidirectional stream.
+  static constexpr MethodInfo kEchoAsBidi{"/rdmarpc.testing.TestService/Echo",
+                                          MethodId("/rdmarpc.testing.TestService/Echo"),
+                                          MethodKind::kBidiStreaming};
+  ClientReaderWriter<EchoRequest, EchoReply> call(
+      (*ch)->Run((*ch)->OpenStream(kEchoAsBidi, {.timeout = 10s})));
+  Status bidi = (*ch)->Run(call.Finish());
+  CHECK(bidi.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(bidi.message(), Catch::Contains("unary on this server"));
 }

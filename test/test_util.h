@@ -56,6 +56,42 @@ inline std::string Pattern(size_t n, uint64_t seed) {
 }
 
 class TestServiceImpl final : public TestService::Service {
+  // The "mode" metadata of Upload and Chat.
+  struct StreamMode {
+    bool stall = false;
+    uint64_t stop_after = 0;  // 0 = never
+  };
+  static StreamMode ModeOf(const ServerContext& ctx) {
+    StreamMode mode;
+    if (const std::string* m = ctx.FindMetadata("mode")) {
+      if (*m == "stall") mode.stall = true;
+      if (m->rfind("stop-after:", 0) == 0) mode.stop_after = std::stoull(m->substr(11));
+    }
+    return mode;
+  }
+  static void Tally(const EchoRequest& m, UploadSummary& s) {
+    if (m.seq() != s.count()) s.set_out_of_order(s.out_of_order() + 1);
+    if (!m.payload().empty() && m.payload() != Pattern(m.payload().size(), m.seq())) {
+      s.set_bad_payloads(s.bad_payloads() + 1);
+    }
+    s.set_bytes(s.bytes() + m.payload().size());
+    s.set_count(s.count() + 1);
+  }
+  // Waits, polling, until the caller cancels (or its connection goes).
+  static boost::asio::awaitable<void> UntilCancelled(ServerContext& ctx) {
+    boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+    while (!ctx.cancelled()) {
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    }
+  }
+  // A handler that reads nothing (its caller's window fills) until the caller cancels.
+  boost::asio::awaitable<Status> StallUntilCancelled(ServerContext& ctx) {
+    co_await UntilCancelled(ctx);
+    ++client_streams_cancelled;
+    co_return Status(StatusCode::kCancelled, "cancelled while stalled");
+  }
+
  public:
   boost::asio::awaitable<Status> Echo(ServerContext& ctx, const EchoRequest& req,
                                       EchoReply& reply) override {
@@ -136,11 +172,7 @@ class TestServiceImpl final : public TestService::Service {
       stream_messages_sent.fetch_add(1);
     }
     if (req.block_after()) {
-      boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
-      while (!ctx.cancelled()) {
-        t.expires_after(std::chrono::milliseconds(10));
-        co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
-      }
+      co_await UntilCancelled(ctx);
       ++streams_stopped;
       co_return Status(StatusCode::kCancelled, "cancelled while blocked");
     }
@@ -150,6 +182,63 @@ class TestServiceImpl final : public TestService::Service {
     }
     co_return Status();
   }
+  boost::asio::awaitable<Status> Upload(ServerContext& ctx, ServerReader<EchoRequest>& reader,
+                                        UploadSummary& summary) override {
+    ++client_streams_running;
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{client_streams_running};
+    const StreamMode mode = ModeOf(ctx);
+    if (mode.stall) co_return co_await StallUntilCancelled(ctx);
+    while (auto m = co_await reader.Read()) {
+      Tally(*m, summary);
+      if (summary.count() == mode.stop_after) {
+        co_return Status(StatusCode::kFailedPrecondition,
+                         "stopped after " + std::to_string(mode.stop_after));
+      }
+    }
+    if (ctx.cancelled()) ++client_streams_cancelled;
+    co_return Status();
+  }
+  boost::asio::awaitable<Status> Chat(ServerContext& ctx,
+                                      ServerReaderWriter<EchoRequest, EchoReply>& stream) override {
+    ++client_streams_running;
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{client_streams_running};
+    const StreamMode mode = ModeOf(ctx);
+    if (mode.stall) co_return co_await StallUntilCancelled(ctx);
+    UploadSummary seen;
+    EchoReply reply;
+    while (auto m = co_await stream.Read()) {
+      Tally(*m, seen);
+      reply.set_seq(m->seq());
+      reply.set_payload(std::move(*m->mutable_payload()));
+      if (!co_await stream.Write(reply)) co_return Status(StatusCode::kCancelled, "write failed");
+      if (seen.count() == mode.stop_after) {
+        co_return Status(StatusCode::kFailedPrecondition,
+                         "stopped after " + std::to_string(mode.stop_after));
+      }
+    }
+    if (ctx.cancelled()) {
+      ++client_streams_cancelled;
+      co_return Status(StatusCode::kCancelled, "cancelled");
+    }
+    if (seen.out_of_order() || seen.bad_payloads()) {
+      co_return Status(StatusCode::kDataLoss, "messages out of order or corrupt");
+    }
+    // After the caller's half-close this direction is still open.
+    reply.set_seq(seen.count());
+    reply.clear_payload();
+    reply.set_meta("bye");
+    if (!co_await stream.Write(reply)) co_return Status(StatusCode::kCancelled, "write failed");
+    co_return Status();
+  }
+  // Upload and Chat calls running now, and those that saw the caller cancel.
+  std::atomic<int> client_streams_running{0}, client_streams_cancelled{0};
+
   // Count streams running now; those that ended because Write said the stream was over (or the
   // caller cancelled while blocked); messages written in all.
   std::atomic<int> streams_running{0}, streams_stopped{0};

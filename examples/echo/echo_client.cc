@@ -1,6 +1,8 @@
-// echo_client: calls demo.Echo/Say and prints what it sent and what came back.
+// echo_client: calls demo.Echo/Say and prints what it sent and what came back; with --chat, sends
+// the messages on one demo.Echo/Chat bidirectional stream instead.
 //
 //   echo_client --target tcp://127.0.0.1:7471 --message hello --count 3
+//   echo_client --target tcp://127.0.0.1:7471 --chat --count 1000 --quiet
 //
 // Exit codes: 0 every call succeeded with the right reply, 1 a call failed or a reply did not
 // match, 2 bad arguments, 3 could not connect.
@@ -27,7 +29,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: echo_client [--target URI] [--message TEXT] [--count N] [--concurrency N]\n"
     "                   [--payload-bytes N] [--timeout-ms N] [--busy-poll] [--poll-spin-us US]\n"
-    "                   [--quiet]\n"
+    "                   [--quiet] [--chat]\n"
     "                   [--auth-secret-file F] [--keepalive-ms N] [--keepalive-timeout-ms N]\n"
     "                   [--stop-on-error] [--log-level LEVEL]\n"
     "\n"
@@ -44,6 +46,9 @@ constexpr char kUsage[] =
     "                       also RDMARPC_BUSY_POLL=1)\n"
     "  --poll-spin-us US    rdma: after traffic, keep polling this long before sleeping\n"
     "                       (default 200, or RDMARPC_POLL_SPIN_US; 0 = sleep at once)\n"
+    "  --chat               send the messages on one bidirectional stream (demo.Echo/Chat):\n"
+    "                       written as fast as the stream's window allows, each echo read\n"
+    "                       and checked, in order; --timeout-ms covers the whole stream\n"
     "  --quiet              print only the summary\n"
     "  --stop-on-error      make no more calls after the first failure\n"
     "  --keepalive-ms N     ping the server after N ms of silence (default 0 = off) ...\n"
@@ -59,7 +64,7 @@ constexpr char kUsage[] =
 struct Config {
   std::string target, message;
   long count, concurrency, payload_bytes, timeout_ms, connect_retry_ms;
-  bool quiet, stop_on_error;
+  bool quiet, stop_on_error, chat;
   rdmarpc::ChannelOptions options;
 };
 
@@ -69,13 +74,17 @@ struct Outcome {
   std::vector<double> latencies_us;
 };
 
+std::string MessageText(const Config& cfg, long i) {
+  return cfg.count == 1 ? cfg.message : cfg.message + " #" + std::to_string(i + 1);
+}
+
 boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, long& next,
                                     Outcome& out) {
   demo::SayRequest req;
   req.set_payload(std::string(cfg.payload_bytes, 'x'));
   while (next < cfg.count && !(cfg.stop_on_error && out.failed > 0)) {
     const long i = next++;
-    req.set_message(cfg.count == 1 ? cfg.message : cfg.message + " #" + std::to_string(i + 1));
+    req.set_message(MessageText(cfg, i));
     auto t0 = std::chrono::steady_clock::now();
     auto r = co_await stub.Say(req, {.timeout = std::chrono::milliseconds(cfg.timeout_ms)});
     auto t1 = std::chrono::steady_clock::now();
@@ -101,6 +110,56 @@ boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, l
   }
 }
 
+// --chat: one stream; a writer coroutine sends every message while this one reads the echoes.
+// Latency per message is from its Write to its echo.
+boost::asio::awaitable<void> Chat(demo::Echo::Stub& stub, const Config& cfg, Outcome& out) {
+  using Call = rdmarpc::ClientReaderWriter<demo::SayRequest, demo::SayReply>;
+  rdmarpc::CallOptions options;
+  options.timeout = std::chrono::milliseconds(cfg.timeout_ms);
+  auto call = std::make_shared<Call>(co_await stub.Chat(options));
+  auto sent_at = std::make_shared<std::vector<std::chrono::steady_clock::time_point>>();
+  sent_at->reserve(static_cast<size_t>(cfg.count));
+  boost::asio::co_spawn(
+      co_await boost::asio::this_coro::executor,
+      [](std::shared_ptr<Call> call, auto sent_at, Config cfg) -> boost::asio::awaitable<void> {
+        demo::SayRequest req;
+        req.set_payload(std::string(cfg.payload_bytes, 'x'));
+        for (long i = 0; i < cfg.count; ++i) {
+          req.set_message(MessageText(cfg, i));
+          sent_at->push_back(std::chrono::steady_clock::now());
+          if (!co_await call->Write(req)) break;  // the stream is over; Finish says why
+        }
+        co_await call->WritesDone();
+      }(call, sent_at, cfg),
+      boost::asio::detached);
+  const std::string payload(cfg.payload_bytes, 'x');
+  long i = 0;
+  while (auto reply = co_await call->Read()) {
+    const auto now = std::chrono::steady_clock::now();
+    out.latencies_us.push_back(
+        std::chrono::duration<double, std::micro>(now - (*sent_at)[i]).count());
+    if (reply->message() != MessageText(cfg, i) || reply->payload() != payload) {
+      ++out.failed;
+      out.exit_code = 1;
+      std::cout << "message " << i + 1 << ": echo does not match what was sent" << std::endl;
+    } else {
+      ++out.ok;
+      if (!cfg.quiet) {
+        std::cout << "sent \"" << MessageText(cfg, i) << "\" -> got \"" << reply->message()
+                  << "\" from " << reply->served_by() << " on the stream" << std::endl;
+      }
+    }
+    ++i;
+  }
+  rdmarpc::Status status = co_await call->Finish();
+  if (!status.ok() || i != cfg.count) {
+    out.failed += cfg.count - out.ok - out.failed;
+    out.exit_code = 1;
+    std::cout << "stream ended after " << i << " of " << cfg.count
+              << " echoes: " << status.ToString() << std::endl;
+  }
+}
+
 boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.connect_retry_ms);
@@ -118,6 +177,10 @@ boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
     co_return;
   }
   demo::Echo::Stub stub(*channel);
+  if (cfg.chat) {
+    co_await Chat(stub, cfg, out);
+    co_return;
+  }
   long next = 0;
   // `concurrency` workers share one connection; each keeps one call in flight.
   auto ex = co_await boost::asio::this_coro::executor;
@@ -144,6 +207,7 @@ int main(int argc, char** argv) {
                                            {"timeout-ms", true},
                                            {"connect-retry-ms", true},
                                            {"quiet", false},
+                                           {"chat", false},
                                            {"log-level", true},
                                            {"auth-secret-file", true},
                                            {"keepalive-ms", true},
@@ -164,6 +228,7 @@ int main(int argc, char** argv) {
   cfg.connect_retry_ms = flags.get_int("connect-retry-ms", 0, 0, 600000);
   cfg.quiet = flags.has("quiet");
   cfg.stop_on_error = flags.has("stop-on-error");
+  cfg.chat = flags.has("chat");
   cfg.options.keepalive_interval =
       std::chrono::milliseconds(flags.get_int("keepalive-ms", 0, 0, 86400000));
   cfg.options.keepalive_timeout =
@@ -191,8 +256,8 @@ int main(int argc, char** argv) {
   double p50 = lat.empty() ? 0 : lat[lat.size() / 2];
   double p99 = lat.empty() ? 0 : lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
   std::printf(
-      "echo_client: %ld ok, %ld failed in %.3f s (%.0f calls/s); latency p50 %.1f us, p99 %.1f "
+      "echo_client: %ld ok, %ld failed in %.3f s (%.0f %s/s); latency p50 %.1f us, p99 %.1f "
       "us\n",
-      out.ok, out.failed, secs, out.ok / secs, p50, p99);
+      out.ok, out.failed, secs, out.ok / secs, cfg.chat ? "messages" : "calls", p50, p99);
   return out.exit_code;
 }

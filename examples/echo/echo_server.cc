@@ -54,6 +54,20 @@ class EchoService final : public demo::Echo::Service {
     reply.set_served_by(served_by_);
     co_return rdmarpc::Status();
   }
+  boost::asio::awaitable<rdmarpc::Status> Chat(
+      rdmarpc::ServerContext& context,
+      rdmarpc::ServerReaderWriter<demo::SayRequest, demo::SayReply>& stream) override {
+    demo::SayReply reply;
+    reply.set_served_by(served_by_);
+    while (auto request = co_await stream.Read()) {
+      reply.set_message(std::move(*request->mutable_message()));
+      reply.set_payload(std::move(*request->mutable_payload()));
+      // False: the caller is gone or cancelled; the Status below goes nowhere.
+      if (!co_await stream.Write(reply)) break;
+    }
+    if (context.cancelled()) co_return rdmarpc::Status(rdmarpc::StatusCode::kCancelled, "");
+    co_return rdmarpc::Status();
+  }
   std::string served_by_;
 };
 

@@ -6,6 +6,9 @@
 //   grpc_bench --server [--port P]            (prints "listening on 127.0.0.1:P")
 //   grpc_bench --target 127.0.0.1:P [--request-bytes N] [--response-bytes N] [--depth D]
 //              [--duration S] [--warmup S] [--json]
+//   grpc_bench --target 127.0.0.1:P --stream [--response-bytes N] [--duration S] [--warmup S]
+//              [--json]                       (one server stream read as fast as it comes, as
+//                                              rdmarpc_bench --stream: messages/s and MB/s)
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -38,7 +41,88 @@ class Service final : public grpcbench::Bench::CallbackService {
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+
+  // As rdmarpc_bench's Stream: the same reply written over and over, each write started when the
+  // last is done (gRPC allows one write in flight per stream), until `count` or the cancel.
+  grpc::ServerWriteReactor<grpcbench::CallReply>* Stream(
+      grpc::CallbackServerContext*, const grpcbench::StreamRequest* req) override {
+    class Writer final : public grpc::ServerWriteReactor<grpcbench::CallReply> {
+     public:
+      explicit Writer(const grpcbench::StreamRequest& req) : count_(req.count()) {
+        reply_.mutable_payload()->assign(req.response_bytes(), 's');
+        Next();
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream ended by the client"));
+          return;
+        }
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        if (count_ != 0 && sent_ == count_) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        ++sent_;
+        StartWrite(&reply_);
+      }
+      grpcbench::CallReply reply_;
+      uint64_t count_, sent_ = 0;
+    };
+    return new Writer(*req);
+  }
 };
+
+// --stream: reads one server stream with gRPC's synchronous reader (its fastest way to read one
+// stream) for --warmup, then counts messages for --duration.
+int RunStream(grpcbench::Bench::Stub& stub, long response_bytes, long duration, long warmup,
+              bool json) {
+  grpc::ClientContext ctx;
+  grpcbench::StreamRequest req;
+  req.set_response_bytes(static_cast<uint32_t>(response_bytes));
+  auto reader = stub.Stream(&ctx, req);
+  grpcbench::CallReply reply;
+  std::string error;
+  const auto warm_end = Clock::now() + std::chrono::seconds(warmup);
+  while (Clock::now() < warm_end) {
+    if (!reader->Read(&reply)) break;
+  }
+  uint64_t messages = 0;
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::seconds(duration);
+  while (Clock::now() < end) {
+    if (!reader->Read(&reply)) {
+      error = "stream ended: " + reader->Finish().error_message();
+      break;
+    }
+    if (reply.payload().size() != static_cast<size_t>(response_bytes)) {
+      error = "message of the wrong size";
+      break;
+    }
+    ++messages;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  ctx.TryCancel();
+  const double per_s = secs > 0 ? messages / secs : 0;
+  const double mbps = per_s * static_cast<double>(response_bytes) / 1e6;
+  if (json) {
+    std::printf(
+        "{\"stream\":true,\"response_bytes\":%ld,\"seconds\":%.3f,\"messages\":%lu,"
+        "\"messages_per_s\":%.0f,\"mb_per_s\":%.1f,\"error\":\"%s\"}\n",
+        response_bytes, secs, static_cast<unsigned long>(messages), per_s, mbps, error.c_str());
+  } else {
+    std::printf(
+        "grpc_bench: stream of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f "
+        "MB/s%s%s\n",
+        response_bytes, static_cast<unsigned long>(messages), secs, per_s, mbps,
+        error.empty() ? "" : "; ", error.c_str());
+  }
+  return error.empty() && messages > 0 ? 0 : 1;
+}
 
 int RunServer(long port) {
   Service service;
@@ -120,11 +204,14 @@ int main(int argc, char** argv) {
                                   {"duration", true},
                                   {"warmup", true},
                                   {"json", false},
+                                  {"stream", false},
                                   {"help", false}});
   if (flags.has("help")) {
     std::cout << "usage: grpc_bench --server [--port P]\n"
                  "       grpc_bench --target HOST:PORT [--request-bytes N] [--response-bytes N]\n"
-                 "                  [--depth D] [--duration S] [--warmup S] [--json]\n";
+                 "                  [--depth D] [--duration S] [--warmup S] [--json]\n"
+                 "       grpc_bench --target HOST:PORT --stream [--response-bytes N]\n"
+                 "                  [--duration S] [--warmup S] [--json]\n";
     return 0;
   }
   const long port = flags.get_int("port", 0, 0, 65535);
@@ -151,6 +238,9 @@ int main(int argc, char** argv) {
     return 3;
   }
   auto stub = grpcbench::Bench::NewStub(channel);
+  if (flags.has("stream")) {
+    return RunStream(*stub, response_bytes, duration, warmup, flags.has("json"));
+  }
   Run run;
   run.response_bytes = response_bytes;
   std::vector<Chain> chains(static_cast<size_t>(depth));

@@ -328,10 +328,14 @@ def main():
           "--stream --response-bytes N --duration 3 --warmup 1 [MODE]` against `rdmarpc_bench "
           "--server [MODE]`; over rdma:// in the VM, in the same boot as the RDMA table above), "
           "next to unary calls of the same payload from the same run (TCP: depth 32 for 64 B, "
-          "depth 1 for 64 KiB; RDMA: depth 1). gRPC C++ streaming is not measured yet.")
+          "depth 1 for 64 KiB; RDMA: depth 1), and over TCP next to gRPC C++ streaming the same "
+          "messages in the same run (`grpc_bench --target HOST:PORT --stream --response-bytes N "
+          "--duration 3 --warmup 1`: a callback-API server writing, the synchronous reader "
+          "reading).")
         w("")
-        w("| transport | polling | payload | stream messages/s | stream MB/s | unary calls/s |")
-        w("| --- | --- | --- | --- | --- | --- |")
+        w("| transport | polling | payload | stream messages/s | stream MB/s | unary calls/s | "
+          "gRPC stream messages/s | rdmarpc / gRPC |")
+        w("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in streams:
             res_ = r["result"]
             unary = None
@@ -343,8 +347,12 @@ def main():
             else:
                 u = ours.get((r["mode"], r["bytes"]))
                 unary = f"{u['calls_per_s']:,.0f} (depth 1)" if u else "-"
+            g = r.get("grpc")
+            gcols = (f"{g['messages_per_s']:,.0f} | "
+                     f"{res_['messages_per_s'] / g['messages_per_s']:.2f}x"
+                     if g and g.get("messages_per_s") else "- | -")
             w(f"| {r['transport']} | {r.get('mode', '-')} | {size_name(r['bytes'])} | "
-              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {unary} |")
+              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {unary} | {gcols} |")
         w("")
     idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
     if idle:

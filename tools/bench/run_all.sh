@@ -53,12 +53,15 @@ done
 r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
     --depth 4 --duration 3 --warmup 1 --json)
 echo "{\"kind\":\"tcp_throughput\",\"rdmarpc\":$r}" >> "$res/tcp.jsonl"
-# Server streams: one stream read as fast as it comes, next to unary calls of the same size.
+# Server streams: one stream read as fast as it comes, next to unary calls of the same size and
+# to gRPC C++ streaming the same messages.
 for size in 64 65536; do
   r=$($bin/rdmarpc_bench --target "$target" --stream --response-bytes "$size" --duration 3 \
       --warmup 1 --json)
-  echo "{\"kind\":\"stream\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r}" >> "$res/tcp.jsonl"
-  echo "  stream of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s"
+  g=$($bin/grpc_bench --target "$grpc_target" --stream --response-bytes "$size" --duration 3 \
+      --warmup 1 --json)
+  echo "{\"kind\":\"stream\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
+  echo "  stream of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
 done
 
 echo "== memory per idle connection and connection count (TCP)"

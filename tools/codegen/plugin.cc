@@ -2,9 +2,9 @@
 // virtual coroutine per method, a coroutine client Stub and a BlockingStub.
 //
 // Output for foo/bar.proto: foo/bar.rdmarpc.pb.h and foo/bar.rdmarpc.pb.cc, next to protoc's own
-// foo/bar.pb.h. Server-streaming methods get a ServerWriter on the server and a ClientReader on
-// the client; client-streaming and bidirectional methods are rejected with an error naming the
-// method.
+// foo/bar.pb.h. Streaming methods get stream handles (rpc/service.h on the server, rpc/stream.h on
+// the client): server streams a ServerWriter and a ClientReader, client streams a ServerReader and
+// a ClientWriter, bidirectional streams a ServerReaderWriter and a ClientReaderWriter.
 #include <google/protobuf/compiler/code_generator.h>
 #include <google/protobuf/compiler/plugin.h>
 #include <google/protobuf/descriptor.h>
@@ -86,6 +86,12 @@ std::string Hex(uint32_t v) {
 }
 
 // A C++ identifier unique to this file, for the helpers in the .cc's anonymous namespace.
+enum class Kind { kUnary, kClientStreaming, kServerStreaming, kBidi };
+Kind KindOf(const MethodDescriptor* m) {
+  if (m->client_streaming()) return m->server_streaming() ? Kind::kBidi : Kind::kClientStreaming;
+  return m->server_streaming() ? Kind::kServerStreaming : Kind::kUnary;
+}
+
 std::string FileTag(const FileDescriptor* file) {
   std::string tag = "rdmarpc_gen_";
   for (char c : StripProto(file->name()))
@@ -99,18 +105,7 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
 
   bool Generate(const FileDescriptor* file, const std::string& /*parameter*/,
                 GeneratorContext* context, std::string* error) const override {
-    for (int i = 0; i < file->service_count(); ++i) {
-      const ServiceDescriptor* s = file->service(i);
-      for (int j = 0; j < s->method_count(); ++j) {
-        const MethodDescriptor* m = s->method(j);
-        if (m->client_streaming()) {
-          *error = "rdmarpc: method " + m->full_name() + " in " + file->name() + " is " +
-                   (m->server_streaming() ? "bidirectional-streaming" : "client-streaming") +
-                   "; only unary and server-streaming methods are supported yet";
-          return false;
-        }
-      }
-    }
+    (void)error;
     const std::string base = StripProto(file->name());
     {
       std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
@@ -128,6 +123,54 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
   }
 
  private:
+  // The server method's declaration (`in_class`: "Name(" with parameter names, for the base
+  // class) or its definition's head ("Svc::Service::Name(" without names, for the default that
+  // answers UNIMPLEMENTED).
+  static std::string ServerSignature(const MethodDescriptor* m, bool in_class) {
+    auto v = MethodVars(m);
+    const std::string head = "::boost::asio::awaitable<::rdmarpc::Status> " +
+                             (in_class ? std::string() : v["svc"] + "::Service::") + v["name"] +
+                             "(\n    ::rdmarpc::ServerContext&" + (in_class ? " context" : "") +
+                             ", ";
+    auto named = [&](const std::string& type, const std::string& name) {
+      return in_class ? type + " " + name : type;
+    };
+    switch (KindOf(m)) {
+      case Kind::kUnary:
+        return head + named("const " + v["req"] + "&", "request") + ", " +
+               named(v["resp"] + "&", "reply") + ")";
+      case Kind::kServerStreaming:
+        return head + named("const " + v["req"] + "&", "request") + ",\n    " +
+               named("::rdmarpc::ServerWriter<" + v["resp"] + ">&", "writer") + ")";
+      case Kind::kClientStreaming:
+        return head + named("::rdmarpc::ServerReader<" + v["req"] + ">&", "reader") + ",\n    " +
+               named(v["resp"] + "&", "reply") + ")";
+      case Kind::kBidi:
+        return head +
+               named("::rdmarpc::ServerReaderWriter<" + v["req"] + ", " + v["resp"] + ">&",
+                     "stream") +
+               ")";
+    }
+    return head;
+  }
+
+  // The invoker's parameters after the context (named as kArgs in GenerateSource uses them).
+  static std::string InvokerSignature(const MethodDescriptor* m) {
+    auto v = MethodVars(m);
+    switch (KindOf(m)) {
+      case Kind::kUnary:
+        return "\n    const " + v["req"] + "& request, " + v["resp"] + "& reply";
+      case Kind::kServerStreaming:
+        return "\n    const " + v["req"] + "& request, ::rdmarpc::ServerWriter<" + v["resp"] +
+               ">& writer";
+      case Kind::kClientStreaming:
+        return "\n    ::rdmarpc::ServerReader<" + v["req"] + ">& reader, " + v["resp"] + "& reply";
+      case Kind::kBidi:
+        return "\n    ::rdmarpc::ServerReaderWriter<" + v["req"] + ", " + v["resp"] + ">& stream";
+    }
+    return "";
+  }
+
   static std::string NamespaceOf(const FileDescriptor* file) {
     std::string ns = cpp::Namespace(file->package());
     if (ns.rfind("::", 0) == 0) ns = ns.substr(2);
@@ -135,9 +178,12 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
   }
 
   static std::map<std::string, std::string> MethodVars(const MethodDescriptor* m) {
+    static const char* const kKinds[] = {"kUnary", "kClientStreaming", "kServerStreaming",
+                                         "kBidiStreaming"};
     return {{"name", MethodName(m)},
             {"wire", WireName(m)},
             {"id", Hex(rdmarpc::MethodId(WireName(m)))},
+            {"kind", kKinds[static_cast<int>(KindOf(m))]},
             {"req", QualifiedClassName(m->input_type())},
             {"resp", QualifiedClassName(m->output_type())},
             {"svc", ServiceClassName(m->service())}};
@@ -168,18 +214,18 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
-        if (s->method(j)->server_streaming()) {
-          p->Print(MethodVars(s->method(j)),
-                   "// Server stream: write any number of replies, then return the Status that\n"
-                   "// ends the stream.\n"
-                   "virtual ::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
-                   "    ::rdmarpc::ServerContext& context, const $req$& request,\n"
-                   "    ::rdmarpc::ServerWriter<$resp$>& writer);\n");
-          continue;
-        }
-        p->Print(MethodVars(s->method(j)),
-                 "virtual ::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
-                 "    ::rdmarpc::ServerContext& context, const $req$& request, $resp$& reply);\n");
+        static const char* const kComments[] = {
+            "",
+            "// Client stream: read the requests until Read says there are no more, then\n"
+            "// return the Status (and, when OK, `reply`).\n",
+            "// Server stream: write any number of replies, then return the Status that\n"
+            "// ends the stream.\n",
+            "// Bidirectional stream: read and write in any order, then return the Status\n"
+            "// that ends the call.\n"};
+        auto vars = MethodVars(s->method(j));
+        vars["sig"] = ServerSignature(s->method(j), true);
+        p->Print(kComments[static_cast<int>(KindOf(s->method(j)))]);
+        p->Print(vars, "virtual $sig$;\n");
       }
       p->Outdent();
       p->Outdent();
@@ -195,12 +241,30 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
-        if (s->method(j)->server_streaming()) {
-          p->Print(MethodVars(s->method(j)),
-                   "// Server stream: read it with the returned reader (rpc/stream.h).\n"
-                   "::boost::asio::awaitable<::rdmarpc::ClientReader<$resp$>> $name$(\n"
-                   "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
-          continue;
+        switch (KindOf(s->method(j))) {
+          case Kind::kUnary:
+            break;
+          case Kind::kServerStreaming:
+            p->Print(MethodVars(s->method(j)),
+                     "// Server stream: read it with the returned reader (rpc/stream.h).\n"
+                     "::boost::asio::awaitable<::rdmarpc::ClientReader<$resp$>> $name$(\n"
+                     "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
+          case Kind::kClientStreaming:
+            p->Print(MethodVars(s->method(j)),
+                     "// Client stream: write the requests, then Finish for the reply "
+                     "(rpc/stream.h).\n"
+                     "::boost::asio::awaitable<::rdmarpc::ClientWriter<$req$, $resp$>> $name$(\n"
+                     "    const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
+          case Kind::kBidi:
+            p->Print(MethodVars(s->method(j)),
+                     "// Bidirectional stream: write and read through the returned handle "
+                     "(rpc/stream.h).\n"
+                     "::boost::asio::awaitable<::rdmarpc::ClientReaderWriter<$req$, $resp$>> "
+                     "$name$(\n"
+                     "    const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
         }
         p->Print(MethodVars(s->method(j)),
                  "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $name$(\n"
@@ -224,11 +288,24 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
-        if (s->method(j)->server_streaming()) {
-          p->Print(MethodVars(s->method(j)),
-                   "::rdmarpc::BlockingReader<$resp$> $name$(\n"
-                   "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
-          continue;
+        switch (KindOf(s->method(j))) {
+          case Kind::kUnary:
+            break;
+          case Kind::kServerStreaming:
+            p->Print(MethodVars(s->method(j)),
+                     "::rdmarpc::BlockingReader<$resp$> $name$(\n"
+                     "    const $req$& request, const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
+          case Kind::kClientStreaming:
+            p->Print(MethodVars(s->method(j)),
+                     "::rdmarpc::BlockingWriter<$req$, $resp$> $name$(\n"
+                     "    const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
+          case Kind::kBidi:
+            p->Print(MethodVars(s->method(j)),
+                     "::rdmarpc::BlockingReaderWriter<$req$, $resp$> $name$(\n"
+                     "    const ::rdmarpc::CallOptions& options = {});\n");
+            continue;
         }
         p->Print(MethodVars(s->method(j)),
                  "::rdmarpc::Result<$resp$> $name$(\n"
@@ -263,29 +340,25 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["qsvc"] = qns + "::" + ServiceClassName(s);
         vars["j"] = std::to_string(j);
-        if (s->method(j)->server_streaming()) {
-          p->Print(
-              vars,
-              "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
-              "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
-              "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
-              "    const $req$& request, ::rdmarpc::ServerWriter<$resp$>& writer) {\n"
-              "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, writer);\n"
-              "}\n"
-              "const ::rdmarpc::ServerStreamingMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
-              "    &$svc$_$j$_invoke);\n\n");
-          continue;
-        }
-        p->Print(
-            vars,
-            "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$};\n"
-            "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
-            "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context,\n"
-            "    const $req$& request, $resp$& reply) {\n"
-            "  return static_cast<$qsvc$::Service&>(service).$name$(context, request, reply);\n"
-            "}\n"
-            "const ::rdmarpc::UnaryMethodHandler<$req$, $resp$> k$svc$_$j$_handler(\n"
-            "    &$svc$_$j$_invoke);\n\n");
+        static const char* const kHandlers[] = {
+            "UnaryMethodHandler", "ClientStreamingMethodHandler", "ServerStreamingMethodHandler",
+            "BidiStreamingMethodHandler"};
+        static const char* const kArgs[] = {"request, reply", "reader, reply", "request, writer",
+                                            "stream"};
+        const int kind = static_cast<int>(KindOf(s->method(j)));
+        vars["handler"] = kHandlers[kind];
+        vars["args"] = kArgs[kind];
+        p->Print(vars,
+                 "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$,\n"
+                 "                                             ::rdmarpc::MethodKind::$kind$};\n");
+        vars["sig"] = InvokerSignature(s->method(j));
+        p->Print(vars,
+                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
+                 "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context, $sig$) {\n"
+                 "  return static_cast<$qsvc$::Service&>(service).$name$(context, $args$);\n"
+                 "}\n"
+                 "const ::rdmarpc::$handler$<$req$, $resp$> k$svc$_$j$_handler(\n"
+                 "    &$svc$_$j$_invoke);\n\n");
       }
       if (s->method_count() > 0) {
         p->Print("const ::rdmarpc::MethodEntry k$svc$_methods[] = {\n", "svc", ServiceClassName(s));
@@ -318,15 +391,33 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         auto vars = MethodVars(s->method(j));
         vars["tag"] = tag;
         vars["j"] = std::to_string(j);
-        if (s->method(j)->server_streaming()) {
+        vars["sig"] = ServerSignature(s->method(j), false);
+        p->Print(vars,
+                 "$sig$ {\n"
+                 "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
+                 "                              \"method $wire$ is not implemented by this "
+                 "server\");\n"
+                 "}\n\n");
+        if (KindOf(s->method(j)) == Kind::kClientStreaming || KindOf(s->method(j)) == Kind::kBidi) {
+          vars["handle"] = KindOf(s->method(j)) == Kind::kBidi ? "ReaderWriter" : "Writer";
           p->Print(
               vars,
-              "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
-              "    ::rdmarpc::ServerContext&, const $req$&, ::rdmarpc::ServerWriter<$resp$>&) {\n"
-              "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
-              "                              \"method $wire$ is not implemented by this "
-              "server\");\n"
+              "::boost::asio::awaitable<::rdmarpc::Client$handle$<$req$, $resp$>>\n"
+              "$svc$::Stub::$name$(const ::rdmarpc::CallOptions& options) {\n"
+              "  co_return ::rdmarpc::Client$handle$<$req$, $resp$>(\n"
+              "      co_await rdmarpc_channel_->OpenStream(::$tag$::k$svc$_$j$_info, options));\n"
               "}\n\n"
+              "::rdmarpc::Blocking$handle$<$req$, $resp$> $svc$::BlockingStub::$name$(\n"
+              "    const ::rdmarpc::CallOptions& options) {\n"
+              "  return ::rdmarpc::Blocking$handle$<$req$, $resp$>(\n"
+              "      rdmarpc_channel_, "
+              "rdmarpc_channel_->Run(Stub(rdmarpc_channel_).$name$(options)));\n"
+              "}\n\n");
+          continue;
+        }
+        if (KindOf(s->method(j)) == Kind::kServerStreaming) {
+          p->Print(
+              vars,
               "::boost::asio::awaitable<::rdmarpc::ClientReader<$resp$>> $svc$::Stub::$name$(\n"
               "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
               "  co_return ::rdmarpc::ClientReader<$resp$>(co_await rdmarpc_channel_->OpenStream(\n"
@@ -342,11 +433,6 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         }
         p->Print(
             vars,
-            "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Service::$name$(\n"
-            "    ::rdmarpc::ServerContext&, const $req$&, $resp$&) {\n"
-            "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
-            "                              \"method $wire$ is not implemented by this server\");\n"
-            "}\n\n"
             "::boost::asio::awaitable<::rdmarpc::Result<$resp$>> $svc$::Stub::$name$(\n"
             "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
             "  $resp$ reply;\n"
