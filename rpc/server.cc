@@ -124,6 +124,7 @@ struct ServerCore {
   ServerOptions options;
   // Written only before Start, read-only afterwards: lock-free lookups on every call.
   std::unordered_map<uint32_t, std::pair<Service*, const MethodEntry*>> methods;
+  std::vector<const Service*> services;  // in AddService order; also fixed after Start
   std::vector<std::unique_ptr<transport::Listener>> listeners;
   std::atomic<bool> started{false};
   std::atomic<bool> draining{false};
@@ -729,6 +730,7 @@ Status Server::AddService(Service& service) {
   for (const MethodEntry& m : service.rdmarpc_methods()) {
     core_->methods.emplace(m.info.id, std::make_pair(&service, &m));
   }
+  core_->services.push_back(&service);
   return Status();
 }
 
@@ -846,6 +848,8 @@ void Server::Shutdown() {
   core_->listeners.clear();
   core_->WakeRun();
 }
+
+std::vector<const Service*> Server::services() const { return core_->services; }
 
 std::vector<std::string> Server::listening_uris() const {
   std::vector<std::string> out;

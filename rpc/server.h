@@ -101,6 +101,10 @@ class Server {
   // hooks before Start(); they must not call Shutdown().
   void AddShutdownHook(std::function<void()> hook);
 
+  // The services added with AddService, in that order. Fixed once Start() has run (then safe
+  // from any thread, e.g. from a handler).
+  std::vector<const Service*> services() const;
+
   // The bound URIs of all listeners, in Listen order.
   std::vector<std::string> listening_uris() const;
 

@@ -292,6 +292,42 @@ TEST_CASE("KV Watch: every change under a prefix, in version order, live and rep
   CHECK(Eventually([&] { return s.server.in_flight_calls() == 0; }, 10000ms));
 }
 
+TEST_CASE("KV Watch: a server killed (SIGKILL) mid-stream ends the watch with UNAVAILABLE at once",
+          "[kv][watch]") {
+  const std::string listen = GENERATE(from_range(ListenUris()));
+  INFO("listening on " << listen);
+  auto [server, uri] = StartServer({Runfile("examples/kv/kv_server"), "--listen", listen});
+  RunLoop([&, &server = server, &uri = uri]() -> asio::awaitable<void> {
+    ChannelOptions o;
+    o.reconnect = false;
+    auto ch = co_await Channel::Connect(uri, o);
+    REQUIRE(ch.ok());
+    kv::KV::Stub stub(*ch);
+    kv::WatchRequest req;
+    req.set_prefix("w/");
+    auto watch = co_await stub.Watch(req, {.timeout = 60s});
+    kv::PutRequest put;
+    put.set_key("w/1");
+    put.set_value("v");
+    REQUIRE((co_await stub.Put(put)).ok());
+    auto first = co_await watch.Read();
+    REQUIRE(first.has_value());
+    CHECK(first->key() == "w/1");
+    const auto killed = std::chrono::steady_clock::now();
+    server->Kill();
+    while (co_await watch.Read()) {
+    }
+    Status s = co_await watch.Finish();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed)
+            .count();
+    std::printf("watch over %s ended %.0f ms after the server was killed: %s\n", listen.c_str(), ms,
+                s.ToString().c_str());
+    CHECK(s.code() == StatusCode::kUnavailable);
+    CHECK(ms < 10000);
+  }());
+}
+
 TEST_CASE("KV on RocksDB: every acknowledged Put survives SIGTERM and SIGKILL", "[kv]") {
   TempDir dir;
   const std::vector<std::string> args = {"--data-dir", dir.path, "--threads", "2"};

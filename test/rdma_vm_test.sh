@@ -52,7 +52,10 @@ script+="; exit \$rc"
 # (verbs calls bound to the IBVERBS_1.0 compatibility ABI); say so, so that a change to the
 # linking cannot quietly stop testing it.
 dynamic_case="<testcase classname=\"rdma_vm\" name=\"the RDMA suites run dynamically linked\"/>"
-if ldd test/rpc_integration_test | grep -q 'librpc_Slibrpc.so'; then
+# (ldd's output taken whole first: `ldd | grep -q` under pipefail fails when grep exits at the
+# first match and ldd, still writing, dies of SIGPIPE; that made this case fail at random.)
+libs=$(ldd test/rpc_integration_test 2>&1)
+if grep -q 'librpc_Slibrpc.so' <<<"$libs"; then
   echo "rdma_vm_test: test binaries are dynamically linked (librpc_Slibrpc.so)"
 else
   echo "rdma_vm_test: test binaries are NOT dynamically linked; the dynamic-link case is untested"

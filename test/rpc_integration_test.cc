@@ -1,5 +1,8 @@
 // End-to-end behaviour of Server, Channel and generated stubs, over every transport in
 // ListenUris() (tcp here; tcp and rdma inside the Soft-RoCE VM).
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+
 #include <atomic>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -11,6 +14,7 @@
 #include <thread>
 
 #include "rpc/health.h"
+#include "rpc/reflection.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
 #include "transport/rdma/rdma_transport.h"
@@ -559,4 +563,56 @@ TEST_CASE("the health service: per service, NOT_FOUND for others, NOT_SERVING on
   CHECK(status_of("rdmarpc.testing.TestService") == HealthCheckResponse::NOT_SERVING);
   stopper.join();
   CHECK(echo.Echo(EchoRequest(), {.timeout = 2s}).status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("reflection lists the hosted services and hands out their definitions, nothing else",
+          "[reflection]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServiceImpl impl;
+  ReflectionService reflection;
+  Server server(ServerOptions{.io_threads = 1});
+  REQUIRE(server.AddService(impl).ok());
+  REQUIRE(reflection.Attach(server).ok());
+  auto bound = server.Listen(listen);
+  REQUIRE(bound.ok());
+  server.Start();
+  auto ch = Channel::ConnectBlocking(*bound);
+  REQUIRE(ch.ok());
+  reflection::v1::Reflection::BlockingStub stub(*ch);
+
+  auto list = stub.ListServices(reflection::v1::ListServicesRequest(), {.timeout = 10s});
+  REQUIRE(list.ok());
+  CHECK(
+      std::vector<std::string>(list->services().begin(), list->services().end()) ==
+      std::vector<std::string>{"rdmarpc.reflection.v1.Reflection", "rdmarpc.testing.TestService"});
+
+  // A method's file, with its imports first: a pool of our own builds from them in order.
+  reflection::v1::FileContainingSymbolRequest req;
+  req.set_symbol("rdmarpc.testing.TestService.Count");
+  auto files = stub.FileContainingSymbol(req, {.timeout = 10s});
+  REQUIRE(files.ok());
+  google::protobuf::DescriptorPool pool;
+  for (const std::string& bytes : files->file_descriptor_protos()) {
+    google::protobuf::FileDescriptorProto file;
+    REQUIRE(file.ParseFromString(bytes));
+    REQUIRE(pool.BuildFile(file) != nullptr);
+  }
+  const auto* count = pool.FindMethodByName("rdmarpc.testing.TestService.Count");
+  REQUIRE(count != nullptr);
+  CHECK(count->server_streaming());
+  CHECK_FALSE(count->client_streaming());
+  const auto* chat = pool.FindMethodByName("rdmarpc.testing.TestService.Chat");
+  REQUIRE(chat != nullptr);
+  CHECK((chat->client_streaming() && chat->server_streaming()));
+  CHECK(pool.FindMessageTypeByName("google.protobuf.Empty") != nullptr);  // an import
+
+  // Symbols outside the hosted services' files are not shown, though the process has them.
+  for (std::string other : {"google.protobuf.Timestamp", "rdmarpc.health.v1.Health", "no.Such"}) {
+    INFO(other);
+    req.set_symbol(other);
+    auto r = stub.FileContainingSymbol(req, {.timeout = 10s});
+    CHECK(r.status().code() == StatusCode::kNotFound);
+  }
+  server.Shutdown();
 }

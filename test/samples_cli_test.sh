@@ -164,6 +164,29 @@ check "rdmarpc health: echo_server is SERVING" 0 "^SERVING$" "$rdmarpc" health "
 check "rdmarpc health: its demo.Echo is SERVING" 0 "^SERVING$" "$rdmarpc" health "$echo_uri" demo.Echo
 check "rdmarpc health: an unknown service is NOT_FOUND" 4 "NOT_FOUND" \
   "$rdmarpc" health "$echo_uri" no.Such
+check "rdmarpc list: echo_server's services" 0 \
+  "^demo.Echo$" "$rdmarpc" list "$echo_uri"
+check "rdmarpc list shows the built-in services too" 0 "^rdmarpc.reflection.v1.Reflection$" \
+  "$rdmarpc" list "$echo_uri"
+check "rdmarpc describe a service shows its streaming method" 0 \
+  "rpc Chat\(stream \.demo\.SayRequest\) returns \(stream \.demo\.SayReply\);" \
+  "$rdmarpc" describe "$echo_uri" demo.Echo
+check "rdmarpc describe a message" 0 "string message = 1;" \
+  "$rdmarpc" describe "$echo_uri" demo.SayRequest
+check "rdmarpc describe an unknown symbol exits 4" 4 "NOT_FOUND" \
+  "$rdmarpc" describe "$echo_uri" no.Such
+check "rdmarpc call: a JSON request, the reply as JSON" 0 '"message": "hi from json"' \
+  "$rdmarpc" call "$echo_uri" demo.Echo/Say '{"message": "hi from json"}'
+check "rdmarpc call: the request on stdin" 0 '"served_by": "tcp://' \
+  bash -c "echo '{\"message\": \"piped\"}' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo.Say"
+check "rdmarpc call: a request that is not valid JSON for the method exits 2" 2 \
+  "not a demo.SayRequest in JSON" "$rdmarpc" call "$echo_uri" demo.Echo/Say '{"nope": 1}'
+check "rdmarpc call: an unknown method exits 4" 4 "" \
+  "$rdmarpc" call "$echo_uri" demo.Echo/Nope '{}'
+check "rdmarpc call: a streaming method is refused" 2 "streaming method" \
+  "$rdmarpc" call "$echo_uri" demo.Echo/Chat '{}'
+check "rdmarpc call --metadata without = is refused" 2 "KEY=VALUE" \
+  "$rdmarpc" call "$echo_uri" demo.Echo/Say '{}' --metadata nokey
 check "echo_client --chat: 10,000 messages on one bidirectional stream, all echoed in order" 0 \
   "^echo_client: 10000 ok, 0 failed .* messages/s" \
   "$echo_client" --target "$echo_uri" --chat --count 10000 --payload-bytes 100 --quiet

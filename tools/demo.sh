@@ -32,6 +32,8 @@ echo "== echo_client: three calls"
 "$bin/echo_client" --target "$uri" --message "hello from the demo" --count 3
 echo "== echo_client: 10000 calls, 16 in flight"
 "$bin/echo_client" --target "$uri" --count 10000 --concurrency 16 --quiet
+echo "== echo_client --chat: 100000 messages on one bidirectional stream"
+"$bin/echo_client" --target "$uri" --chat --count 100000 --quiet
 
 echo "== echo_client: 2000 calls, one at a time (latency)"
 tcp_host=$("$bin/echo_client" --target "$uri" --count 2000 --quiet)
@@ -55,6 +57,7 @@ if bash tools/vm/rxe_vm.sh --timeout 300 -- bash -c '
     cat /tmp/server.log
     $b/echo_client --target rdma://$RXE_ADDR:7471 --message "hello over RDMA" --count 3 || exit 1
     echo "rdma: $($b/echo_client --target rdma://$RXE_ADDR:7471 --count 2000 --quiet)"
+    echo "rdma stream: $($b/echo_client --target rdma://$RXE_ADDR:7471 --chat --count 10000 --quiet)"
     echo "tcp:  $($b/echo_client --target tcp://127.0.0.1:7472 --count 2000 --quiet)"
   ' 2>&1 | tee "$vm_out"; then
   p50() { sed -n 's/.*latency p50 \([0-9.]*\) us.*/\1/p' <<<"$1" | head -n 1; }

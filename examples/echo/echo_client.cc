@@ -19,10 +19,10 @@
 #include <iostream>
 #include <vector>
 
-#include "examples/common/flags.h"
-#include "examples/common/polling_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/rdmarpc.h"
+#include "tools/common/flags.h"
+#include "tools/common/polling_flags.h"
 
 namespace {
 
@@ -197,23 +197,22 @@ boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(
-      argc, argv,
-      rdmarpc::examples::WithPollingFlags({{"target", true},
-                                           {"message", true},
-                                           {"count", true},
-                                           {"concurrency", true},
-                                           {"payload-bytes", true},
-                                           {"timeout-ms", true},
-                                           {"connect-retry-ms", true},
-                                           {"quiet", false},
-                                           {"chat", false},
-                                           {"log-level", true},
-                                           {"auth-secret-file", true},
-                                           {"keepalive-ms", true},
-                                           {"keepalive-timeout-ms", true},
-                                           {"stop-on-error", false},
-                                           {"help", false}}));
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                rdmarpc::cmdline::WithPollingFlags({{"target", true},
+                                                                    {"message", true},
+                                                                    {"count", true},
+                                                                    {"concurrency", true},
+                                                                    {"payload-bytes", true},
+                                                                    {"timeout-ms", true},
+                                                                    {"connect-retry-ms", true},
+                                                                    {"quiet", false},
+                                                                    {"chat", false},
+                                                                    {"log-level", true},
+                                                                    {"auth-secret-file", true},
+                                                                    {"keepalive-ms", true},
+                                                                    {"keepalive-timeout-ms", true},
+                                                                    {"stop-on-error", false},
+                                                                    {"help", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -233,7 +232,7 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(flags.get_int("keepalive-ms", 0, 0, 86400000));
   cfg.options.keepalive_timeout =
       std::chrono::milliseconds(flags.get_int("keepalive-timeout-ms", 5000, 1, 86400000));
-  rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
+  rdmarpc::cmdline::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.auth_secret = flags.auth_secret();
   if (!flags.error().empty()) {
     std::cerr << "echo_client: " << flags.error() << "\n(see echo_client --help)\n";

@@ -6,12 +6,13 @@
 #include <cstdio>
 #include <iostream>
 
-#include "examples/common/flags.h"
-#include "examples/common/polling_flags.h"
-#include "examples/common/server_flags.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/health.h"
 #include "rpc/rdmarpc.h"
+#include "rpc/reflection.h"
+#include "tools/common/flags.h"
+#include "tools/common/polling_flags.h"
+#include "tools/common/server_flags.h"
 
 namespace {
 
@@ -40,7 +41,7 @@ constexpr char kUsage[] =
 
 std::string Usage() {
   std::string u = kUsage;
-  u.replace(u.find("%LIMITS%"), 8, rdmarpc::examples::kServerFlagsUsage);
+  u.replace(u.find("%LIMITS%"), 8, rdmarpc::cmdline::kServerFlagsUsage);
   return u;
 }
 
@@ -74,14 +75,13 @@ class EchoService final : public demo::Echo::Service {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(
-      argc, argv,
-      rdmarpc::examples::WithServerFlags(
-          rdmarpc::examples::WithPollingFlags({{"listen", true},
-                                               {"threads", true},
-                                               {"log-level", true},
-                                               {"auth-secret-file", true},
-                                               {"help", false}})));
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                rdmarpc::cmdline::WithServerFlags(
+                                    rdmarpc::cmdline::WithPollingFlags({{"listen", true},
+                                                                        {"threads", true},
+                                                                        {"log-level", true},
+                                                                        {"auth-secret-file", true},
+                                                                        {"help", false}})));
   if (flags.has("help")) {
     std::cout << Usage();
     return 0;
@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
   const long threads = flags.get_int("threads", 1, 1, 256);
   const std::string secret = flags.auth_secret();
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::examples::ApplyServerFlags(flags, options);
-  rdmarpc::examples::ApplyPollingFlags(flags, options.transport);
+  rdmarpc::cmdline::ApplyServerFlags(flags, options);
+  rdmarpc::cmdline::ApplyPollingFlags(flags, options.transport);
   if (!flags.error().empty()) {
     std::cerr << "echo_server: " << flags.error() << "\n(see echo_server --help)\n";
     return 2;
@@ -104,13 +104,16 @@ int main(int argc, char** argv) {
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7471");
 
   EchoService service;
-  rdmarpc::examples::RaiseFileLimit();
+  rdmarpc::cmdline::RaiseFileLimit();
   options.transport.auth_secret = secret;
   // The built-in health service (`rdmarpc health TARGET [demo.Echo]`), NOT_SERVING from SIGTERM.
   // Declared before the server, which must not outlive it.
   rdmarpc::HealthService health;
+  // And reflection: `rdmarpc list`, `describe` and `call` work without the .proto files.
+  rdmarpc::ReflectionService reflection;
   rdmarpc::Server server(options);
-  if (auto s = server.AddService(service); !s.ok() || !(s = health.Attach(server)).ok()) {
+  if (auto s = server.AddService(service);
+      !s.ok() || !(s = health.Attach(server)).ok() || !(s = reflection.Attach(server)).ok()) {
     std::cerr << "echo_server: " << s.ToString() << "\n";
     return 1;
   }

@@ -17,9 +17,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "examples/common/flags.h"
 #include "examples/kv/kv_client.h"
 #include "rpc/logging.h"
+#include "tools/common/flags.h"
 
 namespace asio = boost::asio;
 using rdmarpc::Status;
@@ -90,7 +90,7 @@ struct Args {
   std::vector<std::string> targets;
   std::string command;
   std::vector<std::string> operands;
-  rdmarpc::examples::Flags* flags;
+  rdmarpc::cmdline::Flags* flags;
   long timeout_ms, limit, count, concurrency, value_bytes;
   long after_version = 0;
   std::optional<uint64_t> expected;
@@ -284,23 +284,23 @@ asio::awaitable<int> Run(Args a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"targets", true},
-                                  {"timeout-ms", true},
-                                  {"log-level", true},
-                                  {"expect-version", true},
-                                  {"start", true},
-                                  {"end", true},
-                                  {"after", true},
-                                  {"after-version", true},
-                                  {"limit", true},
-                                  {"all", false},
-                                  {"count", true},
-                                  {"concurrency", true},
-                                  {"value-bytes", true},
-                                  {"auth-secret-file", true},
-                                  {"help", false}},
-                                 /*positional=*/true);
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                {{"targets", true},
+                                 {"timeout-ms", true},
+                                 {"log-level", true},
+                                 {"expect-version", true},
+                                 {"start", true},
+                                 {"end", true},
+                                 {"after", true},
+                                 {"after-version", true},
+                                 {"limit", true},
+                                 {"all", false},
+                                 {"count", true},
+                                 {"concurrency", true},
+                                 {"value-bytes", true},
+                                 {"auth-secret-file", true},
+                                 {"help", false}},
+                                /*positional=*/true);
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;

@@ -7,13 +7,14 @@
 // Exit codes: 0 clean shutdown, 1 could not start (listen, open the database), 2 bad arguments.
 #include <iostream>
 
-#include "examples/common/flags.h"
-#include "examples/common/server_flags.h"
 #include "examples/kv/engine.h"
 #include "examples/kv/kv_service.h"
 #include "rpc/health.h"
 #include "rpc/logging.h"
 #include "rpc/rdmarpc.h"
+#include "rpc/reflection.h"
+#include "tools/common/flags.h"
+#include "tools/common/server_flags.h"
 
 namespace {
 
@@ -43,23 +44,23 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 rdmarpc::examples::WithServerFlags({{"listen", true},
-                                                                     {"threads", true},
-                                                                     {"engine", true},
-                                                                     {"data-dir", true},
-                                                                     {"sync", false},
-                                                                     {"log-level", true},
-                                                                     {"auth-secret-file", true},
-                                                                     {"help", false}}));
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                rdmarpc::cmdline::WithServerFlags({{"listen", true},
+                                                                   {"threads", true},
+                                                                   {"engine", true},
+                                                                   {"data-dir", true},
+                                                                   {"sync", false},
+                                                                   {"log-level", true},
+                                                                   {"auth-secret-file", true},
+                                                                   {"help", false}}));
   if (flags.has("help")) {
     std::string usage = kUsage;
-    std::cout << usage << "\n" << rdmarpc::examples::kServerFlagsUsage;
+    std::cout << usage << "\n" << rdmarpc::cmdline::kServerFlagsUsage;
     return 0;
   }
   const long threads = flags.get_int("threads", 2, 1, 256);
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::examples::ApplyServerFlags(flags, options);
+  rdmarpc::cmdline::ApplyServerFlags(flags, options);
   const std::string secret = flags.auth_secret();
   const std::string data_dir = flags.get("data-dir", "");
   const std::string engine_name = flags.get("engine", data_dir.empty() ? "memory" : "rocksdb");
@@ -102,13 +103,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7480");
   {
-    rdmarpc::examples::RaiseFileLimit();
+    rdmarpc::cmdline::RaiseFileLimit();
     options.transport.auth_secret = secret;
     // The built-in health service (`rdmarpc health TARGET [kv.KV]`), NOT_SERVING from SIGTERM.
     // Declared before the server, which must not outlive it.
     rdmarpc::HealthService health;
+    // And reflection: `rdmarpc list`, `describe` and `call` work without the .proto files.
+    rdmarpc::ReflectionService reflection;
     rdmarpc::Server server(options);
-    if (auto s = server.AddService(service); !s.ok() || !(s = health.Attach(server)).ok()) {
+    if (auto s = server.AddService(service);
+        !s.ok() || !(s = health.Attach(server)).ok() || !(s = reflection.Attach(server)).ok()) {
       std::cerr << "kv_server: " << s.ToString() << "\n";
       return 1;
     }

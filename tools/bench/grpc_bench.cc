@@ -19,9 +19,9 @@
 #include <mutex>
 #include <thread>
 
-#include "examples/common/flags.h"
 #include "tools/bench/grpc_bench.grpc.pb.h"
 #include "tools/bench/histogram.h"
+#include "tools/common/flags.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -194,18 +194,18 @@ void Next(Run& run, Chain& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"server", false},
-                                  {"port", true},
-                                  {"target", true},
-                                  {"request-bytes", true},
-                                  {"response-bytes", true},
-                                  {"depth", true},
-                                  {"duration", true},
-                                  {"warmup", true},
-                                  {"json", false},
-                                  {"stream", false},
-                                  {"help", false}});
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                {{"server", false},
+                                 {"port", true},
+                                 {"target", true},
+                                 {"request-bytes", true},
+                                 {"response-bytes", true},
+                                 {"depth", true},
+                                 {"duration", true},
+                                 {"warmup", true},
+                                 {"json", false},
+                                 {"stream", false},
+                                 {"help", false}});
   if (flags.has("help")) {
     std::cout << "usage: grpc_bench --server [--port P]\n"
                  "       grpc_bench --target HOST:PORT [--request-bytes N] [--response-bytes N]\n"

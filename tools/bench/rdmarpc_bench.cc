@@ -30,13 +30,13 @@
 #include <iostream>
 #include <thread>
 
-#include "examples/common/flags.h"
-#include "examples/common/polling_flags.h"
-#include "examples/common/server_flags.h"
 #include "rpc/logging.h"
 #include "rpc/rdmarpc.h"
 #include "tools/bench/bench.rdmarpc.pb.h"
 #include "tools/bench/histogram.h"
+#include "tools/common/flags.h"
+#include "tools/common/polling_flags.h"
+#include "tools/common/server_flags.h"
 
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
@@ -138,10 +138,10 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
   std::atomic<uint64_t> calls_{0};
 };
 
-int RunServer(rdmarpc::examples::Flags& flags, long threads) {
+int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
   BenchService service;
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::examples::ApplyPollingFlags(flags, options.transport);
+  rdmarpc::cmdline::ApplyPollingFlags(flags, options.transport);
   if (!flags.error().empty()) {
     std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
     return 2;
@@ -525,10 +525,10 @@ int RunClient(const ClientConfig& cfg) {
 
 int main(int argc, char** argv) {
   // Both sides: one descriptor per connection (its CM event channel), thousands of connections.
-  rdmarpc::examples::RaiseFileLimit();
-  rdmarpc::examples::Flags flags(
+  rdmarpc::cmdline::RaiseFileLimit();
+  rdmarpc::cmdline::Flags flags(
       argc, argv,
-      rdmarpc::examples::WithPollingFlags(
+      rdmarpc::cmdline::WithPollingFlags(
           {{"server", false},          {"listen", true},   {"target", true},
            {"connections", true},      {"depth", true},    {"request-bytes", true},
            {"response-bytes", true},   {"duration", true}, {"calls", true},
@@ -553,7 +553,7 @@ int main(int argc, char** argv) {
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
-  rdmarpc::examples::ApplyPollingFlags(flags, cfg.options.transport);
+  rdmarpc::cmdline::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.connect_timeout_ms = static_cast<int>(
       flags.get_int("connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);

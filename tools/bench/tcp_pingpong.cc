@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "examples/common/flags.h"
 #include "tools/bench/histogram.h"
+#include "tools/common/flags.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -91,15 +91,15 @@ int Serve(int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  rdmarpc::examples::Flags flags(argc, argv,
-                                 {{"server", false},
-                                  {"port", true},
-                                  {"bytes", true},
-                                  {"depth", true},
-                                  {"duration", true},
-                                  {"warmup", true},
-                                  {"json", false},
-                                  {"help", false}});
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                {{"server", false},
+                                 {"port", true},
+                                 {"bytes", true},
+                                 {"depth", true},
+                                 {"duration", true},
+                                 {"warmup", true},
+                                 {"json", false},
+                                 {"help", false}});
   const long port = flags.get_int("port", 7495, 1, 65535);
   const long bytes = flags.get_int("bytes", 64, 1, 64 << 20);
   const long depth = flags.get_int("depth", 1, 1, 4096);

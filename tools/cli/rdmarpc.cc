@@ -1,19 +1,33 @@
 // rdmarpc: poke a running rdmarpc server from the command line.
 //
-//   rdmarpc health TARGET [SERVICE]     is the server (or SERVICE) serving? (exit 0 if so)
+//   rdmarpc health TARGET [SERVICE]            is the server (or SERVICE) serving? (exit 0 if so)
+//   rdmarpc list TARGET                        the services it hosts
+//   rdmarpc describe TARGET SYMBOL             a service, method or message, as .proto text
+//   rdmarpc call TARGET SERVICE/METHOD [JSON]  one unary call; the request as JSON (or on
+//                                              stdin), the reply printed as JSON
 //
-// TARGET is tcp://HOST:PORT or rdma://HOST:PORT. The server must have attached the built-in
-// health service (rdmarpc::HealthService, rpc/health.h); the sample servers do.
+// TARGET is tcp://HOST:PORT or rdma://HOST:PORT. `health` needs the server's built-in health
+// service (rpc/health.h), the others its reflection service (rpc/reflection.h); the sample
+// servers attach both.
 #include "rpc/rdmarpc.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "rpc/health.rdmarpc.pb.h"
 #include "rpc/logging.h"
+#include "rpc/method_id.h"
+#include "rpc/reflection.rdmarpc.pb.h"
 #include "rpc/secret_file.h"
 
 namespace po = boost::program_options;
@@ -22,38 +36,170 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: rdmarpc health TARGET [SERVICE] [options]\n"
+    "       rdmarpc list TARGET [options]\n"
+    "       rdmarpc describe TARGET SYMBOL [options]\n"
+    "       rdmarpc call TARGET SERVICE/METHOD [JSON] [options]\n"
     "       rdmarpc --help\n"
     "\n"
     "Commands:\n"
     "  health TARGET [SERVICE]  ask TARGET's health service whether the server (or SERVICE,\n"
     "                           e.g. demo.Echo) is serving; prints SERVING or NOT_SERVING\n"
+    "  list TARGET              the services TARGET hosts, one per line (reflection)\n"
+    "  describe TARGET SYMBOL   a service (demo.Echo), method (demo.Echo.Say) or message\n"
+    "                           (demo.SayRequest) as .proto text (reflection)\n"
+    "  call TARGET SERVICE/METHOD [JSON]\n"
+    "                           one call of a unary method (demo.Echo/Say); the request in\n"
+    "                           protobuf's JSON mapping, from JSON or, without it (or with -),\n"
+    "                           from stdin; prints the reply as JSON (reflection)\n"
     "\n"
     "TARGET: tcp://HOST:PORT or rdma://HOST:PORT.\n"
-    "Exit codes: 0 serving, 1 not serving (or the call failed: its status is printed),\n"
-    "2 bad arguments, 3 could not connect, 4 the server has no such service (NOT_FOUND)\n"
-    "or no health service (UNIMPLEMENTED).\n";
+    "Exit codes: 0 OK (health: serving), 1 not serving or the call failed (its status is\n"
+    "printed), 2 bad arguments (a request that is not valid JSON for the method included),\n"
+    "3 could not connect, 4 the server has no such service, method or symbol, or lacks the\n"
+    "health or reflection service.\n";
 
-int Health(const std::string& target, const std::string& service,
-           const rdmarpc::ChannelOptions& options, long timeout_ms) {
+// Connects once, for one command (no reconnect).
+rdmarpc::Result<std::shared_ptr<rdmarpc::Channel>> Connect(const std::string& target,
+                                                           const rdmarpc::ChannelOptions& options) {
   auto channel = rdmarpc::Channel::ConnectBlocking(target, options);
   if (!channel.ok()) {
     std::cerr << "rdmarpc: cannot connect to " << target << ": " << channel.status().message()
               << "\n";
-    return 3;
   }
+  return channel;
+}
+
+// The exit code for a failed call: 4 when the server lacks what was asked for.
+int FailedCall(const rdmarpc::Status& s) {
+  std::cerr << "rdmarpc: " << s.ToString() << "\n";
+  return s.code() == rdmarpc::StatusCode::kNotFound ||
+                 s.code() == rdmarpc::StatusCode::kUnimplemented
+             ? 4
+             : 1;
+}
+
+// The server's definitions, fetched through its reflection service into a pool of our own.
+class RemoteSchema {
+ public:
+  RemoteSchema(std::shared_ptr<rdmarpc::Channel> channel, rdmarpc::CallOptions call)
+      : stub_(std::move(channel)), call_(std::move(call)) {}
+
+  // Loads the file defining `symbol` (and its imports); OK or why not.
+  rdmarpc::Status Load(const std::string& symbol) {
+    rdmarpc::reflection::v1::FileContainingSymbolRequest req;
+    req.set_symbol(symbol);
+    auto r = stub_.FileContainingSymbol(req, call_);
+    if (!r.ok()) return r.status();
+    for (const std::string& bytes : r->file_descriptor_protos()) {
+      google::protobuf::FileDescriptorProto file;
+      if (!file.ParseFromString(bytes)) {
+        return rdmarpc::Status(rdmarpc::StatusCode::kInternal,
+                               "the server sent a file descriptor that does not parse");
+      }
+      if (pool_.FindFileByName(file.name()) != nullptr) continue;
+      if (pool_.BuildFile(file) == nullptr) {
+        return rdmarpc::Status(rdmarpc::StatusCode::kInternal,
+                               "the server's definition of " + file.name() + " does not build");
+      }
+    }
+    return rdmarpc::Status();
+  }
+  const google::protobuf::DescriptorPool& pool() const { return pool_; }
+  rdmarpc::reflection::v1::Reflection::BlockingStub& stub() { return stub_; }
+
+ private:
+  google::protobuf::DescriptorPool pool_;
+  rdmarpc::reflection::v1::Reflection::BlockingStub stub_;
+  rdmarpc::CallOptions call_;
+};
+
+int List(const std::string& target, const rdmarpc::ChannelOptions& options,
+         const rdmarpc::CallOptions& call) {
+  auto channel = Connect(target, options);
+  if (!channel.ok()) return 3;
+  rdmarpc::reflection::v1::Reflection::BlockingStub stub(*channel);
+  auto r = stub.ListServices(rdmarpc::reflection::v1::ListServicesRequest(), call);
+  if (!r.ok()) return FailedCall(r.status());
+  for (const std::string& s : r->services()) std::cout << s << "\n";
+  return 0;
+}
+
+int Describe(const std::string& target, const std::string& symbol,
+             const rdmarpc::ChannelOptions& options, const rdmarpc::CallOptions& call) {
+  auto channel = Connect(target, options);
+  if (!channel.ok()) return 3;
+  RemoteSchema schema(*channel, call);
+  if (rdmarpc::Status s = schema.Load(symbol); !s.ok()) return FailedCall(s);
+  const auto& pool = schema.pool();
+  if (auto* d = pool.FindServiceByName(symbol)) {
+    std::cout << "// " << d->file()->name() << "\n" << d->DebugString();
+  } else if (auto* m = pool.FindMethodByName(symbol)) {
+    std::cout << "// " << m->service()->full_name() << " in " << m->file()->name() << "\n"
+              << m->DebugString();
+  } else if (auto* t = pool.FindMessageTypeByName(symbol)) {
+    std::cout << "// " << t->file()->name() << "\n" << t->DebugString();
+  } else if (auto* e = pool.FindEnumTypeByName(symbol)) {
+    std::cout << "// " << e->file()->name() << "\n" << e->DebugString();
+  } else {
+    std::cerr << "rdmarpc: " << symbol << " is not a service, method, message or enum\n";
+    return 4;
+  }
+  return 0;
+}
+
+int Call(const std::string& target, std::string method_name, std::string json,
+         const rdmarpc::ChannelOptions& options, const rdmarpc::CallOptions& call) {
+  // "pkg.Service/Method" (as on the wire) or "pkg.Service.Method" (the protobuf symbol).
+  std::string symbol = method_name;
+  if (auto slash = symbol.rfind('/'); slash != std::string::npos) symbol[slash] = '.';
+  if (!symbol.empty() && symbol[0] == '.') symbol.erase(0, 1);
+  auto channel = Connect(target, options);
+  if (!channel.ok()) return 3;
+  RemoteSchema schema(*channel, call);
+  if (rdmarpc::Status s = schema.Load(symbol); !s.ok()) return FailedCall(s);
+  const google::protobuf::MethodDescriptor* m = schema.pool().FindMethodByName(symbol);
+  if (m == nullptr) {
+    std::cerr << "rdmarpc: " << method_name << " is not a method of the server\n";
+    return 4;
+  }
+  if (m->client_streaming() || m->server_streaming()) {
+    std::cerr << "rdmarpc: " << m->full_name()
+              << " is a streaming method; rdmarpc call makes unary calls only\n";
+    return 2;
+  }
+  google::protobuf::DynamicMessageFactory factory(&schema.pool());
+  std::unique_ptr<google::protobuf::Message> request(factory.GetPrototype(m->input_type())->New());
+  std::unique_ptr<google::protobuf::Message> reply(factory.GetPrototype(m->output_type())->New());
+  if (auto st = google::protobuf::util::JsonStringToMessage(json, request.get()); !st.ok()) {
+    std::cerr << "rdmarpc: the request is not a " << m->input_type()->full_name()
+              << " in JSON: " << st.ToString() << "\n";
+    return 2;
+  }
+  const std::string wire = "/" + m->service()->full_name() + "/" + m->name();
+  const rdmarpc::MethodInfo info{wire, rdmarpc::MethodId(wire)};
+  rdmarpc::Status s = (*channel)->Run((*channel)->Call(info, *request, *reply, call));
+  if (!s.ok()) return FailedCall(s);
+  std::string out;
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.preserve_proto_field_names = true;
+  if (auto st = google::protobuf::util::MessageToJsonString(*reply, &out, print); !st.ok()) {
+    std::cerr << "rdmarpc: the reply cannot be printed as JSON: " << st.ToString() << "\n";
+    return 1;
+  }
+  std::cout << out;
+  return 0;
+}
+
+int Health(const std::string& target, const std::string& service,
+           const rdmarpc::ChannelOptions& options, const rdmarpc::CallOptions& call) {
+  auto channel = Connect(target, options);
+  if (!channel.ok()) return 3;
   rdmarpc::health::v1::Health::BlockingStub stub(*channel);
   rdmarpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
-  rdmarpc::CallOptions call;
-  call.timeout = std::chrono::milliseconds(timeout_ms);
   auto r = stub.Check(req, call);
-  if (!r.ok()) {
-    std::cerr << "rdmarpc: " << r.status().ToString() << "\n";
-    const auto code = r.status().code();
-    return code == rdmarpc::StatusCode::kNotFound || code == rdmarpc::StatusCode::kUnimplemented
-               ? 4
-               : 1;
-  }
+  if (!r.ok()) return FailedCall(r.status());
   const bool serving = r->status() == rdmarpc::health::v1::HealthCheckResponse::SERVING;
   std::cout << rdmarpc::health::v1::HealthCheckResponse::ServingStatus_Name(r->status()) << "\n";
   return serving ? 0 : 1;
@@ -66,6 +212,8 @@ int main(int argc, char** argv) {
   named.add_options()("help,h", "print usage")("timeout-ms", po::value<long>()->default_value(5000),
                                                "per-call deadline in ms")(
       "auth-secret-file", po::value<std::string>(), "present the secret in this file")(
+      "metadata", po::value<std::vector<std::string>>(),
+      "KEY=VALUE sent with the call (call; repeatable)")(
       "log-level", po::value<std::string>()->default_value(""),
       "trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn)");
   po::options_description all;
@@ -87,12 +235,30 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::string bad;
+  const std::string command = args.empty() ? "" : args[0];
   if (args.empty())
     bad = "no command given";
-  else if (args[0] != "health")
-    bad = "unknown command '" + args[0] + "'";
-  else if (args.size() < 2 || args.size() > 3)
+  else if (command != "health" && command != "list" && command != "describe" && command != "call")
+    bad = "unknown command '" + command + "'";
+  else if (command == "health" && (args.size() < 2 || args.size() > 3))
     bad = "health takes TARGET and at most one SERVICE";
+  else if (command == "list" && args.size() != 2)
+    bad = "list takes TARGET";
+  else if (command == "describe" && args.size() != 3)
+    bad = "describe takes TARGET and SYMBOL";
+  else if (command == "call" && (args.size() < 3 || args.size() > 4))
+    bad = "call takes TARGET, SERVICE/METHOD and at most one JSON request";
+  rdmarpc::CallOptions call;
+  if (bad.empty() && vm.count("metadata")) {
+    for (const std::string& kv : vm["metadata"].as<std::vector<std::string>>()) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        bad = "--metadata wants KEY=VALUE, got '" + kv + "'";
+        break;
+      }
+      call.metadata.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+  }
   const long timeout_ms = vm["timeout-ms"].as<long>();
   if (bad.empty() && (timeout_ms < 0 || timeout_ms > 86400000)) {
     bad = "--timeout-ms must be between 0 and 86400000";
@@ -111,5 +277,17 @@ int main(int argc, char** argv) {
     std::cerr << "rdmarpc: " << bad << "\n(see rdmarpc --help)\n";
     return 2;
   }
-  return Health(args[1], args.size() > 2 ? args[2] : "", options, timeout_ms);
+  call.timeout = std::chrono::milliseconds(timeout_ms);
+  if (command == "list") return List(args[1], options, call);
+  if (command == "describe") return Describe(args[1], args[2], options, call);
+  if (command == "call") {
+    std::string json;
+    if (args.size() == 4 && args[3] != "-") {
+      json = args[3];
+    } else {
+      json.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    return Call(args[1], args[2], json, options, call);
+  }
+  return Health(args[1], args.size() > 2 ? args[2] : "", options, call);
 }

@@ -1,4 +1,5 @@
-// A tiny command-line flag parser for the samples: --name=value, --name value, --bool-flag.
+// A tiny command-line flag parser for the samples and tools: --name=value, --name value,
+// --bool-flag.
 #pragma once
 
 #include <cstdlib>
@@ -9,7 +10,7 @@
 
 #include "rpc/secret_file.h"
 
-namespace rdmarpc::examples {
+namespace rdmarpc::cmdline {
 
 class Flags {
  public:
@@ -98,4 +99,4 @@ class Flags {
   std::string error_;
 };
 
-}  // namespace rdmarpc::examples
+}  // namespace rdmarpc::cmdline

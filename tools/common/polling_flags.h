@@ -5,10 +5,10 @@
 #include <map>
 #include <string>
 
-#include "examples/common/flags.h"
+#include "tools/common/flags.h"
 #include "transport/transport.h"
 
-namespace rdmarpc::examples {
+namespace rdmarpc::cmdline {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithPollingFlags(std::map<std::string, bool> known) {
@@ -24,4 +24,4 @@ inline void ApplyPollingFlags(Flags& flags, transport::Options& o) {
   o.poll_spin_us = static_cast<int>(flags.get_int("poll-spin-us", o.poll_spin_us, 0, 10'000'000));
 }
 
-}  // namespace rdmarpc::examples
+}  // namespace rdmarpc::cmdline

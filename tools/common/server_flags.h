@@ -8,10 +8,10 @@
 #include <map>
 #include <string>
 
-#include "examples/common/flags.h"
 #include "rpc/server.h"
+#include "tools/common/flags.h"
 
-namespace rdmarpc::examples {
+namespace rdmarpc::cmdline {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
@@ -70,4 +70,4 @@ inline long RaiseFileLimit() {
   return static_cast<long>(rl.rlim_cur);
 }
 
-}  // namespace rdmarpc::examples
+}  // namespace rdmarpc::cmdline
