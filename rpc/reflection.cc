@@ -34,7 +34,8 @@ boost::asio::awaitable<Status> ReflectionService::ListServices(
     ServerContext&, const reflection::v1::ListServicesRequest&,
     reflection::v1::ListServicesResponse& reply) {
   std::vector<std::string> names;
-  for (const rdmarpc::Service* s : server_->services()) names.emplace_back(s->rdmarpc_service_name());
+  for (const rdmarpc::Service* s : server_->services())
+    names.emplace_back(s->rdmarpc_service_name());
   std::sort(names.begin(), names.end());
   for (auto& n : names) reply.add_services(std::move(n));
   co_return Status();

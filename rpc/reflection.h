@@ -25,9 +25,9 @@ class ReflectionService final : public reflection::v1::Reflection::Service {
   // Server::AddService does.
   Status Attach(Server& server);
 
-  boost::asio::awaitable<Status> ListServices(
-      ServerContext& ctx, const reflection::v1::ListServicesRequest& request,
-      reflection::v1::ListServicesResponse& reply) override;
+  boost::asio::awaitable<Status> ListServices(ServerContext& ctx,
+                                              const reflection::v1::ListServicesRequest& request,
+                                              reflection::v1::ListServicesResponse& reply) override;
   boost::asio::awaitable<Status> FileContainingSymbol(
       ServerContext& ctx, const reflection::v1::FileContainingSymbolRequest& request,
       reflection::v1::FileContainingSymbolResponse& reply) override;

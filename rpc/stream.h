@@ -167,6 +167,25 @@ class ClientReaderWriter : public internal::ClientStreamBase {
   boost::asio::awaitable<Status> Finish() { return FinishWith(nullptr); }
 };
 
+// A stream of any kind with messages handled as MessageLite, for code that builds its message
+// types at run time (protobuf's DynamicMessage, e.g. the `rdmarpc call` tool); generated stubs
+// give the typed handles above. Open it with Channel::OpenStream; Read, Write, WritesDone and
+// Finish behave as in the typed handles (`reply`: a client-streaming call's reply, else null).
+class GenericClientStream : public internal::ClientStreamBase {
+ public:
+  using ClientStreamBase::ClientStreamBase;
+  GenericClientStream() = default;
+  GenericClientStream(GenericClientStream&&) noexcept = default;
+  boost::asio::awaitable<bool> Read(google::protobuf::MessageLite& out) { return ReadMessage(out); }
+  boost::asio::awaitable<bool> Write(const google::protobuf::MessageLite& message) {
+    return WriteMessage(message);
+  }
+  boost::asio::awaitable<bool> WritesDone() { return HalfClose(); }
+  boost::asio::awaitable<Status> Finish(google::protobuf::MessageLite* reply) {
+    return FinishWith(reply);
+  }
+};
+
 // The same for ordinary (non-coroutine) code. Each holds the channel, whose loop runs the calls.
 template <class Resp>
 class BlockingReader {

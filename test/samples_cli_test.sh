@@ -180,11 +180,17 @@ check "rdmarpc call: a JSON request, the reply as JSON" 0 '"message": "hi from j
 check "rdmarpc call: the request on stdin" 0 '"served_by": "tcp://' \
   bash -c "echo '{\"message\": \"piped\"}' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo.Say"
 check "rdmarpc call: a request that is not valid JSON for the method exits 2" 2 \
-  "not a demo.SayRequest in JSON" "$rdmarpc" call "$echo_uri" demo.Echo/Say '{"nope": 1}'
+  "request 1 is not a demo.SayRequest in JSON" "$rdmarpc" call "$echo_uri" demo.Echo/Say '{"nope": 1}'
 check "rdmarpc call: an unknown method exits 4" 4 "" \
   "$rdmarpc" call "$echo_uri" demo.Echo/Nope '{}'
-check "rdmarpc call: a streaming method is refused" 2 "streaming method" \
-  "$rdmarpc" call "$echo_uri" demo.Echo/Chat '{}'
+check "rdmarpc call: a bidirectional stream, requests as JSON lines on stdin" 0 \
+  '^\{"message":"two",' \
+  bash -c "printf '{\"message\": \"one\"}\\n\\n{\"message\": \"two\"}\\n' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo/Chat"
+check "rdmarpc call: a bidirectional stream answers each line" 0 '^ *2$' \
+  bash -c "printf '{\"message\": \"one\"}\\n{\"message\": \"two\"}\\n' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo/Chat | wc -l"
+check "rdmarpc call: a bad line of a stream exits 2 before sending" 2 \
+  "request 2 is not a demo.SayRequest" \
+  bash -c "printf '{\"message\": \"one\"}\\n{\"nope\": 1}\\n' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo/Chat"
 check "rdmarpc call --metadata without = is refused" 2 "KEY=VALUE" \
   "$rdmarpc" call "$echo_uri" demo.Echo/Say '{}' --metadata nokey
 check "echo_client --chat: 10,000 messages on one bidirectional stream, all echoed in order" 0 \

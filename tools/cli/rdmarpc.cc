@@ -3,8 +3,8 @@
 //   rdmarpc health TARGET [SERVICE]            is the server (or SERVICE) serving? (exit 0 if so)
 //   rdmarpc list TARGET                        the services it hosts
 //   rdmarpc describe TARGET SYMBOL             a service, method or message, as .proto text
-//   rdmarpc call TARGET SERVICE/METHOD [JSON]  one unary call; the request as JSON (or on
-//                                              stdin), the reply printed as JSON
+//   rdmarpc call TARGET SERVICE/METHOD [JSON]  one call; the request as JSON (or on stdin), the
+//                                              reply printed as JSON; streams as JSON Lines
 //
 // TARGET is tcp://HOST:PORT or rdma://HOST:PORT. `health` needs the server's built-in health
 // service (rpc/health.h), the others its reflection service (rpc/reflection.h); the sample
@@ -21,7 +21,9 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rpc/health.rdmarpc.pb.h"
@@ -48,9 +50,12 @@ constexpr char kUsage[] =
     "  describe TARGET SYMBOL   a service (demo.Echo), method (demo.Echo.Say) or message\n"
     "                           (demo.SayRequest) as .proto text (reflection)\n"
     "  call TARGET SERVICE/METHOD [JSON]\n"
-    "                           one call of a unary method (demo.Echo/Say); the request in\n"
-    "                           protobuf's JSON mapping, from JSON or, without it (or with -),\n"
-    "                           from stdin; prints the reply as JSON (reflection)\n"
+    "                           one call (demo.Echo/Say); the request in protobuf's JSON\n"
+    "                           mapping, from JSON or, without it (or with -), from stdin;\n"
+    "                           prints the reply as JSON (reflection). Streams: a client\n"
+    "                           stream's requests are stdin's lines, one JSON object each\n"
+    "                           (or the one JSON argument); a server stream's messages are\n"
+    "                           printed one JSON object per line as they come\n"
     "\n"
     "TARGET: tcp://HOST:PORT or rdma://HOST:PORT.\n"
     "Exit codes: 0 OK (health: serving), 1 not serving or the call failed (its status is\n"
@@ -148,7 +153,8 @@ int Describe(const std::string& target, const std::string& symbol,
 }
 
 int Call(const std::string& target, std::string method_name, std::string json,
-         const rdmarpc::ChannelOptions& options, const rdmarpc::CallOptions& call) {
+         bool json_is_argument, const rdmarpc::ChannelOptions& options,
+         const rdmarpc::CallOptions& call) {
   // "pkg.Service/Method" (as on the wire) or "pkg.Service.Method" (the protobuf symbol).
   std::string symbol = method_name;
   if (auto slash = symbol.rfind('/'); slash != std::string::npos) symbol[slash] = '.';
@@ -162,33 +168,81 @@ int Call(const std::string& target, std::string method_name, std::string json,
     std::cerr << "rdmarpc: " << method_name << " is not a method of the server\n";
     return 4;
   }
-  if (m->client_streaming() || m->server_streaming()) {
-    std::cerr << "rdmarpc: " << m->full_name()
-              << " is a streaming method; rdmarpc call makes unary calls only\n";
-    return 2;
-  }
   google::protobuf::DynamicMessageFactory factory(&schema.pool());
-  std::unique_ptr<google::protobuf::Message> request(factory.GetPrototype(m->input_type())->New());
-  std::unique_ptr<google::protobuf::Message> reply(factory.GetPrototype(m->output_type())->New());
-  if (auto st = google::protobuf::util::JsonStringToMessage(json, request.get()); !st.ok()) {
-    std::cerr << "rdmarpc: the request is not a " << m->input_type()->full_name()
-              << " in JSON: " << st.ToString() << "\n";
-    return 2;
+  const google::protobuf::Message* request_type = factory.GetPrototype(m->input_type());
+  const google::protobuf::Message* reply_type = factory.GetPrototype(m->output_type());
+  // The requests: one JSON object; for a client stream, one per line of stdin (JSON Lines).
+  std::vector<std::string> texts;
+  if (m->client_streaming() && !json_is_argument) {
+    std::istringstream lines(json);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) texts.push_back(line);
+    }
+  } else {
+    texts.push_back(json);
   }
+  std::vector<std::unique_ptr<google::protobuf::Message>> requests;
+  for (const std::string& text : texts) {
+    requests.emplace_back(request_type->New());
+    if (auto st = google::protobuf::util::JsonStringToMessage(text, requests.back().get());
+        !st.ok()) {
+      std::cerr << "rdmarpc: request " << requests.size() << " is not a "
+                << m->input_type()->full_name() << " in JSON: " << st.ToString() << "\n";
+      return 2;
+    }
+  }
+  // Unary replies and a client stream's reply are printed indented; stream messages one per line.
+  auto print = [](const google::protobuf::Message& message, bool indent) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = indent;
+    options.preserve_proto_field_names = true;
+    if (auto st = google::protobuf::util::MessageToJsonString(message, &out, options); !st.ok()) {
+      std::cerr << "rdmarpc: a reply cannot be printed as JSON: " << st.ToString() << "\n";
+      return false;
+    }
+    std::cout << out << (indent ? "" : "\n") << std::flush;
+    return true;
+  };
   const std::string wire = "/" + m->service()->full_name() + "/" + m->name();
-  const rdmarpc::MethodInfo info{wire, rdmarpc::MethodId(wire)};
-  rdmarpc::Status s = (*channel)->Run((*channel)->Call(info, *request, *reply, call));
-  if (!s.ok()) return FailedCall(s);
-  std::string out;
-  google::protobuf::util::JsonPrintOptions print;
-  print.add_whitespace = true;
-  print.preserve_proto_field_names = true;
-  if (auto st = google::protobuf::util::MessageToJsonString(*reply, &out, print); !st.ok()) {
-    std::cerr << "rdmarpc: the reply cannot be printed as JSON: " << st.ToString() << "\n";
-    return 1;
+  const auto kind = static_cast<rdmarpc::MethodKind>((m->client_streaming() ? 1 : 0) |
+                                                     (m->server_streaming() ? 2 : 0));
+  const rdmarpc::MethodInfo info{wire, rdmarpc::MethodId(wire), kind};
+  auto& ch = *channel;
+  std::unique_ptr<google::protobuf::Message> reply(reply_type->New());
+  if (kind == rdmarpc::MethodKind::kUnary) {
+    rdmarpc::Status s = ch->Run(ch->Call(info, *requests[0], *reply, call));
+    if (!s.ok()) return FailedCall(s);
+    return print(*reply, true) ? 0 : 1;
   }
-  std::cout << out;
-  return 0;
+  rdmarpc::GenericClientStream stream(m->client_streaming()
+                                          ? ch->Run(ch->OpenStream(info, call))
+                                          : ch->Run(ch->OpenStream(info, *requests[0], call)));
+  // The server's messages are read (and printed) while the requests are written: a peer that
+  // answers as it reads would otherwise fill both windows and wait for ever.
+  bool printed_all = true;
+  std::thread reader;
+  if (m->server_streaming()) {
+    reader = std::thread([&] {
+      std::unique_ptr<google::protobuf::Message> message(reply_type->New());
+      while (ch->Run(stream.Read(*message))) {
+        printed_all = print(*message, false) && printed_all;
+        message->Clear();
+      }
+    });
+  }
+  if (m->client_streaming()) {
+    for (const auto& r : requests) {
+      if (!ch->Run(stream.Write(*r))) break;  // the call is over: Finish says why
+    }
+    ch->Run(stream.WritesDone());
+  }
+  if (reader.joinable()) reader.join();
+  rdmarpc::Status s =
+      ch->Run(stream.Finish(kind == rdmarpc::MethodKind::kClientStreaming ? reply.get() : nullptr));
+  if (!s.ok()) return FailedCall(s);
+  if (kind == rdmarpc::MethodKind::kClientStreaming && !print(*reply, true)) return 1;
+  return printed_all ? 0 : 1;
 }
 
 int Health(const std::string& target, const std::string& service,
@@ -287,7 +341,7 @@ int main(int argc, char** argv) {
     } else {
       json.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     }
-    return Call(args[1], args[2], json, options, call);
+    return Call(args[1], args[2], json, args.size() == 4 && args[3] != "-", options, call);
   }
   return Health(args[1], args.size() > 2 ? args[2] : "", options, call);
 }
