@@ -92,9 +92,49 @@ class ChannelCore final : public transport::ConnectionHandler,
         : last_error_;
   }
 
+  // One unary call; with interceptors, wrapped in their OnStart and OnFinish (a second coroutine
+  // frame only then).
   asio::awaitable<Status> Call(const MethodInfo& method,
                                const google::protobuf::MessageLite& request,
                                google::protobuf::MessageLite& reply, const CallOptions& options) {
+    if (options_.interceptors.empty()) return CallUnintercepted(method, request, reply, options);
+    return InterceptedCall(method, request, reply, options);
+  }
+
+  asio::awaitable<Status> InterceptedCall(const MethodInfo& method,
+                                          const google::protobuf::MessageLite& request,
+                                          google::protobuf::MessageLite& reply,
+                                          CallOptions options) {
+    auto self = shared_from_this();
+    const auto start = Clock::now();
+    size_t admitted = 0;
+    Status status = StartInterceptors(method, options, &admitted);
+    if (status.ok()) status = co_await CallUnintercepted(method, request, reply, options);
+    FinishInterceptors(method, status, start, admitted);
+    co_return status;
+  }
+
+  // Runs the interceptors' OnStart in order until one rejects (its Status is returned);
+  // `*admitted`: how many let the call through.
+  Status StartInterceptors(const MethodInfo& method, CallOptions& options, size_t* admitted) {
+    for (*admitted = 0; *admitted < options_.interceptors.size(); ++*admitted) {
+      Status s = options_.interceptors[*admitted]->OnStart(method, options);
+      if (!s.ok()) return s;
+    }
+    return Status();
+  }
+
+  // OnFinish, in reverse order, for the first `admitted` interceptors.
+  void FinishInterceptors(const MethodInfo& method, const Status& status,
+                          std::chrono::steady_clock::time_point start, size_t admitted) {
+    const auto elapsed = Clock::now() - start;
+    while (admitted-- > 0) options_.interceptors[admitted]->OnFinish(method, status, elapsed);
+  }
+
+  asio::awaitable<Status> CallUnintercepted(const MethodInfo& method,
+                                            const google::protobuf::MessageLite& request,
+                                            google::protobuf::MessageLite& reply,
+                                            const CallOptions& options) {
     if (state_ == State::kShutdown) {
       co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
     }
@@ -134,6 +174,46 @@ class ChannelCore final : public transport::ConnectionHandler,
                                      const google::protobuf::MessageLite* request,
                                      const CallOptions& options, uint32_t* index,
                                      uint32_t* generation) {
+    if (options_.interceptors.empty()) {
+      return OpenStreamUnintercepted(method, request, options, index, generation);
+    }
+    return InterceptedOpenStream(method, request, options, index, generation);
+  }
+
+  // A stream's interceptors hear its end from FinishStream or ReleaseStream (StreamEnded).
+  asio::awaitable<Status> InterceptedOpenStream(const MethodInfo& method,
+                                                const google::protobuf::MessageLite* request,
+                                                CallOptions options, uint32_t* index,
+                                                uint32_t* generation) {
+    auto self = shared_from_this();
+    const auto start = Clock::now();
+    size_t admitted = 0;
+    Status status = StartInterceptors(method, options, &admitted);
+    if (status.ok()) {
+      status = co_await OpenStreamUnintercepted(method, request, options, index, generation);
+    }
+    if (!status.ok()) {
+      FinishInterceptors(method, status, start, admitted);
+      co_return status;
+    }
+    Slot& s = *slots_[*index];
+    s.intercepted = true;
+    s.intercepted_at = start;
+    co_return status;
+  }
+
+  // Tells a stream's interceptors how it ended; once.
+  void StreamEnded(uint32_t index, const Status& status) {
+    Slot& s = *slots_[index];
+    if (!s.intercepted) return;
+    s.intercepted = false;
+    FinishInterceptors(*s.method, status, s.intercepted_at, options_.interceptors.size());
+  }
+
+  asio::awaitable<Status> OpenStreamUnintercepted(const MethodInfo& method,
+                                                  const google::protobuf::MessageLite* request,
+                                                  const CallOptions& options, uint32_t* index,
+                                                  uint32_t* generation) {
     if (state_ == State::kShutdown) {
       co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
     }
@@ -263,6 +343,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (status.ok() && reply != nullptr && !reply->ParseFromString(s.final_payload)) {
       status = Status(StatusCode::kInternal, "reply does not parse as " + reply->GetTypeName());
     }
+    StreamEnded(index, status);
     ReleaseStream(index, generation);
     co_return status;
   }
@@ -277,6 +358,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (!IsStream(index, generation)) return;
     Slot& s = *slots_[index];
     StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
+    StreamEnded(index, s.status);  // dropped without Finish: how it ended, or CANCELLED
     s.messages.clear();
     s.buffered = 0;
     if (s.server_done) {
@@ -493,6 +575,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     int64_t send_credit = 0;
     bool writes_done = false;
     std::string final_payload;
+    // Streams with client interceptors: they still have to hear the end, and when it started.
+    bool intercepted = false;
+    Clock::time_point intercepted_at;
   };
 
   // An intrusive FIFO of the calls waiting for room or for the connection (no allocation).
@@ -721,7 +806,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& s = *slots_[index];
     s.active = true;
     s.done = s.sent = s.queued = s.abandoned = false;
-    s.streaming = s.server_done = s.writes_done = false;
+    s.streaming = s.server_done = s.writes_done = s.intercepted = false;
     s.method = nullptr;
     s.buffered = s.unreported = 0;
     s.send_credit = 0;

@@ -28,6 +28,7 @@
 
 #include "rpc/context.h"
 #include "rpc/event_loop.h"
+#include "rpc/interceptor.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
@@ -54,6 +55,8 @@ struct ChannelOptions {
   // deadlines (backpressure, not failure). The server's per-connection limit applies as well and
   // the smaller one wins. 0 = only the server's.
   uint32_t max_concurrent_calls = 0;
+  // Run around every call and stream, in order (see rpc/interceptor.h). Empty = none.
+  ClientInterceptors interceptors;
 };
 
 namespace internal {

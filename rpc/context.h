@@ -70,6 +70,11 @@ class ServerContext {
   bool cancelled() const { return cancelled_; }
   // For the runtime (on a CANCEL frame).
   void MarkCancelled() { cancelled_ = true; }
+  // For server interceptors (rpc/interceptor.h): metadata the handler will see as if the caller
+  // had sent it, e.g. the identity an authentication interceptor established.
+  void AddMetadata(std::string key, std::string value) {
+    metadata_.emplace_back(std::move(key), std::move(value));
+  }
   // The first value for `key`, or nullptr.
   const std::string* FindMetadata(std::string_view key) const {
     for (const auto& [k, v] : metadata_) {

@@ -610,15 +610,26 @@ class ServerConnection final : public transport::ConnectionHandler,
       return;
     }
     const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
+    ServerContext context(peer_, entry->info.full_name, deadline, std::move(md));
+    const ServerInterceptors& interceptors = core_->options.interceptors;
+    const auto intercepted_at =
+        interceptors.empty() ? ServerContext::Clock::time_point() : ServerContext::Clock::now();
+    for (size_t i = 0; i < interceptors.size(); ++i) {
+      if (Status s = interceptors[i]->OnStart(context); !s.ok()) {
+        // Rejected: those that let it through hear how it ended; the handler never runs.
+        const auto elapsed = ServerContext::Clock::now() - intercepted_at;
+        while (i-- > 0) interceptors[i]->OnFinish(context, s, elapsed);
+        SendError(reply, s);
+        return;
+      }
+    }
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
     ++calls_;
     ++started_;
     held_bytes_ += bytes;
-    entry->handler->Start(
-        *it->second.first,
-        ServerCall(shared_from_this(), f.header.call_id, bytes,
-                   ServerContext(peer_, entry->info.full_name, deadline, std::move(md))),
-        f.payload);
+    ServerCall call(shared_from_this(), f.header.call_id, bytes, std::move(context));
+    if (!interceptors.empty()) call.SetInterceptors(&interceptors, intercepted_at);
+    entry->handler->Start(*it->second.first, std::move(call), f.payload);
   }
 
   ServerCore* core_;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "rpc/interceptor.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
@@ -57,6 +58,8 @@ struct ServerOptions {
   // serving, listeners included, for this long before it sends GOAWAY and drains: time for load
   // balancers and orchestrators that poll health to stop sending here. Zero = none (default).
   std::chrono::milliseconds shutdown_grace{0};
+  // Run around every call, in order (see rpc/interceptor.h). Empty = none (no cost).
+  ServerInterceptors interceptors;
 };
 
 namespace internal {

@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "rpc/context.h"
+#include "rpc/interceptor.h"
 #include "rpc/method_id.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
@@ -190,9 +191,25 @@ class ServerCall {
     TrackCancellation(signal);
   }
 
+  // Server interceptors to tell when the call ends (OnFinish, in reverse order), and when they
+  // let it start. Set by the server only when it has interceptors; the list outlives the call.
+  void SetInterceptors(const ServerInterceptors* interceptors,
+                       std::chrono::steady_clock::time_point started) {
+    interceptors_ = interceptors;
+    started_ = started;
+  }
+
   void Finish(const Status& status, const google::protobuf::MessageLite* reply) {
     auto sink = std::move(sink_);
     if (!sink) return;
+    if (interceptors_) {
+      const Status seen =
+          context_.cancelled() ? Status(StatusCode::kCancelled, "cancelled by the caller") : status;
+      const auto elapsed = std::chrono::steady_clock::now() - started_;
+      for (auto it = interceptors_->rbegin(); it != interceptors_->rend(); ++it) {
+        (*it)->OnFinish(context_, seen, elapsed);
+      }
+    }
     if (tracked_) sink->Untrack(&hook_);
     tracked_ = false;
     // Messages the handler left unread stop counting against the connection with the call.
@@ -213,6 +230,8 @@ class ServerCall {
   ServerContext context_;
   internal::CancelHook hook_;
   bool tracked_ = false;
+  const ServerInterceptors* interceptors_ = nullptr;
+  std::chrono::steady_clock::time_point started_;
 };
 
 namespace internal {

@@ -616,3 +616,177 @@ TEST_CASE("reflection lists the hosted services and hands out their definitions,
   }
   server.Shutdown();
 }
+
+namespace {
+
+// Records what an interceptor saw, as "NAME start METHOD" / "NAME finish METHOD CODE".
+struct Journal {
+  std::mutex mu;
+  std::vector<std::string> events;
+  void Add(std::string e) {
+    std::lock_guard<std::mutex> l(mu);
+    events.push_back(std::move(e));
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> l(mu);
+    return std::exchange(events, {});
+  }
+  size_t Size() {
+    std::lock_guard<std::mutex> l(mu);
+    return events.size();
+  }
+};
+
+class RecordingServerInterceptor final : public ServerInterceptor {
+ public:
+  RecordingServerInterceptor(std::string name, Journal& j) : name_(std::move(name)), j_(j) {}
+  Status OnStart(ServerContext& ctx) override {
+    j_.Add(name_ + " start " + std::string(ctx.method()));
+    if (ctx.FindMetadata("deny-at") && *ctx.FindMetadata("deny-at") == name_) {
+      return Status(StatusCode::kPermissionDenied, "denied by " + name_);
+    }
+    if (name_ == "A") ctx.AddMetadata("echo-meta", "added by A");
+    return Status();
+  }
+  void OnFinish(const ServerContext& ctx, const Status& s,
+                std::chrono::nanoseconds elapsed) override {
+    j_.Add(name_ + " finish " + std::string(ctx.method()) + " " + StatusCodeName(s.code()));
+    last_elapsed = elapsed;
+  }
+  std::atomic<std::chrono::nanoseconds> last_elapsed{};
+
+ private:
+  std::string name_;
+  Journal& j_;
+};
+
+class RecordingClientInterceptor final : public ClientInterceptor {
+ public:
+  RecordingClientInterceptor(std::string name, Journal& j) : name_(std::move(name)), j_(j) {}
+  Status OnStart(const MethodInfo& m, CallOptions& options) override {
+    j_.Add(name_ + " start " + std::string(m.full_name));
+    if (m.full_name == "/rdmarpc.testing.TestService/Fail") {
+      return Status(StatusCode::kFailedPrecondition, "refused by " + name_);
+    }
+    if (name_ == "A") options.metadata.emplace_back("echo-meta", "added by client A");
+    return Status();
+  }
+  void OnFinish(const MethodInfo& m, const Status& s, std::chrono::nanoseconds) override {
+    j_.Add(name_ + " finish " + std::string(m.full_name) + " " + StatusCodeName(s.code()));
+  }
+
+ private:
+  std::string name_;
+  Journal& j_;
+};
+
+}  // namespace
+
+TEST_CASE("server interceptors run in order around every call, reject calls and add metadata",
+          "[interceptors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  Journal j;
+  auto a = std::make_shared<RecordingServerInterceptor>("A", j);
+  auto b = std::make_shared<RecordingServerInterceptor>("B", j);
+  TestServer ts(listen, ServerOptions{.io_threads = 1, .interceptors = {a, b}});
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const std::string echo = "/rdmarpc.testing.TestService/Echo";
+
+  auto r = stub.Echo(EchoRequest(), {.timeout = 10s});
+  REQUIRE(r.ok());
+  CHECK(r->meta() == "added by A");  // the handler saw what A added
+  CHECK(Eventually([&] { return j.Size() == 4; }, 5000ms));
+  CHECK(j.Take() == std::vector<std::string>{"A start " + echo, "B start " + echo,
+                                             "B finish " + echo + " OK",
+                                             "A finish " + echo + " OK"});
+
+  // B rejects: the caller gets B's Status, the handler never runs, only A hears the end.
+  CallOptions deny{.timeout = 10s};
+  deny.metadata.emplace_back("deny-at", "B");
+  auto denied = stub.Echo(EchoRequest(), deny);
+  CHECK(denied.status().code() == StatusCode::kPermissionDenied);
+  CHECK(denied.status().message() == "denied by B");
+  CHECK(Eventually([&] { return j.Size() == 3; }, 5000ms));
+  CHECK(j.Take() == std::vector<std::string>{"A start " + echo, "B start " + echo,
+                                             "A finish " + echo + " PERMISSION_DENIED"});
+
+  // The handler's time is measured; a caller that gives up shows as CANCELLED.
+  SleepRequest sleep;
+  sleep.set_ms(100);
+  REQUIRE(stub.Sleep(sleep, {.timeout = 10s}).ok());
+  CHECK(a->last_elapsed.load() >= 100ms);
+  j.Take();
+  sleep.set_ms(5000);
+  CHECK(stub.Sleep(sleep, {.timeout = 100ms}).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(Eventually([&] { return j.Size() == 4; }, 5000ms));
+  CHECK(j.Take().back() == "A finish /rdmarpc.testing.TestService/Sleep CANCELLED");
+
+  // Streams too: one start and one finish, whatever the messages.
+  CountRequest count;
+  count.set_count(10);
+  auto stream = stub.Count(count, {.timeout = 10s});
+  while (stream.Read()) {
+  }
+  CHECK(stream.Finish().ok());
+  CHECK(Eventually([&] { return j.Size() == 4; }, 5000ms));
+  CHECK(j.Take().back() == "A finish /rdmarpc.testing.TestService/Count OK");
+}
+
+TEST_CASE("client interceptors add metadata, refuse calls and hear every call's end",
+          "[interceptors]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  Journal j;
+  ChannelOptions o;
+  o.interceptors = {std::make_shared<RecordingClientInterceptor>("A", j),
+                    std::make_shared<RecordingClientInterceptor>("B", j)};
+  auto ch = Channel::ConnectBlocking(ts.uri, o);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const std::string echo = "/rdmarpc.testing.TestService/Echo";
+
+  auto r = stub.Echo(EchoRequest(), {.timeout = 10s});
+  REQUIRE(r.ok());
+  CHECK(r->meta() == "added by client A");
+  CHECK(j.Take() == std::vector<std::string>{"A start " + echo, "B start " + echo,
+                                             "B finish " + echo + " OK",
+                                             "A finish " + echo + " OK"});
+
+  // Refused by A before anything is sent: B never sees it, and A, which refused, hears no end
+  // (as on the server: OnFinish is for those that let the call through).
+  const std::string fail = "/rdmarpc.testing.TestService/Fail";
+  auto refused = stub.Fail(FailRequest(), {.timeout = 10s});
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(refused.status().message() == "refused by A");
+  CHECK(j.Take() == std::vector<std::string>{"A start " + fail});
+
+  SleepRequest sleep;
+  sleep.set_ms(5000);
+  CHECK(stub.Sleep(sleep, {.timeout = 100ms}).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(j.Take().back() == "A finish /rdmarpc.testing.TestService/Sleep DEADLINE_EXCEEDED");
+
+  // Streams: the end is heard when Finish returns, or when an unfinished stream is dropped.
+  const std::string count = "/rdmarpc.testing.TestService/Count";
+  CountRequest req;
+  req.set_count(5);
+  {
+    auto stream = stub.Count(req, {.timeout = 10s});
+    while (stream.Read()) {
+    }
+    CHECK(stream.Finish().ok());
+  }
+  CHECK(j.Take() == std::vector<std::string>{"A start " + count, "B start " + count,
+                                             "B finish " + count + " OK",
+                                             "A finish " + count + " OK"});
+  req.set_count(1'000'000);
+  {
+    auto stream = stub.Count(req, {.timeout = 10s});
+    REQUIRE(stream.Read().has_value());
+  }  // dropped mid-way
+  CHECK(Eventually([&] { return j.Size() == 4; }, 5000ms));
+  CHECK(j.Take().back() == "A finish " + count + " CANCELLED");
+}

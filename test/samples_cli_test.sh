@@ -156,7 +156,7 @@ check "rdmarpc --log-level loud names the valid levels" 2 \
   "$rdmarpc" health tcp://127.0.0.1:1 --log-level loud
 check "rdmarpc health: no server is 'cannot connect'" 3 "cannot connect to tcp://127.0.0.1:1" \
   "$rdmarpc" health tcp://127.0.0.1:1
-"$echo_server" --listen tcp://127.0.0.1:0 --shutdown-grace-ms 3000 >"$tmp/echo.out" 2>&1 &
+"$echo_server" --listen tcp://127.0.0.1:0 --shutdown-grace-ms 3000 --access-log >"$tmp/echo.out" 2>&1 &
 echo_pid=$!
 for _ in $(seq 200); do grep -q '^listening on ' "$tmp/echo.out" && break; sleep 0.05; done
 echo_uri=$(sed -n 's/^listening on //p' "$tmp/echo.out")
@@ -177,6 +177,8 @@ check "rdmarpc describe an unknown symbol exits 4" 4 "NOT_FOUND" \
   "$rdmarpc" describe "$echo_uri" no.Such
 check "rdmarpc call: a JSON request, the reply as JSON" 0 '"message": "hi from json"' \
   "$rdmarpc" call "$echo_uri" demo.Echo/Say '{"message": "hi from json"}'
+check "echo_server --access-log logs each call: peer, method, status, duration" 0 \
+  "access tcp://127.0.0.1:[0-9]+ /demo.Echo/Say OK [0-9.]+ ms" cat "$tmp/echo.out"
 check "rdmarpc call: the request on stdin" 0 '"served_by": "tcp://' \
   bash -c "echo '{\"message\": \"piped\"}' | \"$rdmarpc\" call \"$echo_uri\" demo.Echo.Say"
 check "rdmarpc call: a request that is not valid JSON for the method exits 2" 2 \

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "rpc/server.h"
@@ -20,6 +21,7 @@ inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> k
         "keepalive-ms", "keepalive-timeout-ms", "shutdown-grace-ms"}) {
     known[name] = true;
   }
+  known["access-log"] = false;
   return known;
 }
 
@@ -34,6 +36,9 @@ inline constexpr char kServerFlagsUsage[] =
     "                            reconnect when needed (300000; 0 = never)\n"
     "  --keepalive-ms N          ping a client silent this long (0 = off) ...\n"
     "  --keepalive-timeout-ms N  ... and close it when nothing arrives within N ms (5000)\n"
+    "Operations:\n"
+    "  --access-log              log one line per call: peer, method, status, duration\n"
+    "                            (level info: rdmarpc::AccessLogInterceptor)\n"
     "Shutdown (SIGTERM/SIGINT):\n"
     "  --shutdown-grace-ms N     health turns NOT_SERVING at once; keep serving N ms more\n"
     "                            before GOAWAY and drain, so load balancers move away (0)\n";
@@ -54,6 +59,7 @@ inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
       flags.get_int("keepalive-timeout-ms", o.keepalive_timeout.count(), 1, 86400000L));
   o.shutdown_grace = std::chrono::milliseconds(
       flags.get_int("shutdown-grace-ms", o.shutdown_grace.count(), 0, 3600000L));
+  if (flags.has("access-log")) o.interceptors.push_back(std::make_shared<AccessLogInterceptor>());
 }
 
 // Raises this process's open-file limit to the hard limit, as servers do (Go's runtime does it
