@@ -1,5 +1,6 @@
-// EventLoopThread: one io_context run by one dedicated thread. Used by blocking clients and by
-// the server's I/O threads.
+// EventLoopThread: one io_context run by one dedicated thread, started at once. Used by blocking
+// clients (Channel::ConnectBlocking) and tests; the server runs its own I/O threads (IoThread in
+// server.cc: started by Server::Start, with a handler pool and a connection set).
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
