@@ -17,7 +17,9 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -130,6 +132,19 @@ struct ServerCore {
   std::atomic<bool> draining{false};
   std::atomic<bool> stopped{false};
   std::atomic<int64_t> in_flight{0};
+  // Shutdown waits on `drained` for in_flight to reach 0; the call that gets it there while
+  // draining notifies (under the mutex, so that the wake-up cannot slip between Shutdown's check
+  // and its wait). Calls outside a drain touch neither.
+  std::mutex drain_mu;
+  std::condition_variable drained;
+  void CallFinished() {
+    // seq_cst with `draining`: either Shutdown's check sees this decrement, or this load sees
+    // draining set and notifies.
+    if (in_flight.fetch_sub(1) == 1 && draining.load()) {
+      std::lock_guard<std::mutex> lock(drain_mu);
+      drained.notify_all();
+    }
+  }
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
   std::atomic<int64_t> throttled{0};    // times a connection went over its memory budget
   std::vector<std::function<void()>> shutdown_hooks;  // added before Start, run by Shutdown
@@ -379,7 +394,7 @@ class ServerConnection final : public transport::ConnectionHandler,
 
   void FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
                   const google::protobuf::MessageLite* reply, bool deliver) override {
-    core_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    core_->CallFinished();
     --calls_;
     held_bytes_ -= request_bytes;
     ++finished_;
@@ -820,9 +835,10 @@ void Server::Shutdown() {
       });
     }
     // Drain: let in-flight calls finish (requests that still arrive get UNAVAILABLE).
-    const auto until = std::chrono::steady_clock::now() + core_->options.drain_timeout;
-    while (core_->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    {
+      std::unique_lock<std::mutex> lock(core_->drain_mu);
+      core_->drained.wait_for(lock, core_->options.drain_timeout,
+                              [this] { return core_->in_flight.load() == 0; });
     }
     if (core_->in_flight.load() > 0) {
       spdlog::warn("rdmarpc server: {} calls still running after the drain timeout; closing",
