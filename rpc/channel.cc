@@ -941,13 +941,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.buffered -= cost;
     s.unreported += cost;
     if (s.unreported >= kStreamWindowBytes / 2 && !s.done && conn_ && !conn_->closed()) {
-      FrameHeader h;
-      h.type = FrameType::kWindow;
-      h.call_id = CallId(index);
-      std::byte bytes[kWindowBytes];
-      EncodeWindow(s.unreported, bytes);
-      conn_->Send(internal::FrameWriter(
-          h, std::string_view(reinterpret_cast<const char*>(bytes), kWindowBytes)));
+      internal::SendWindow(*conn_, CallId(index), s.unreported);
       s.unreported = 0;
     }
   }

@@ -59,6 +59,17 @@ inline void SendPing(transport::Connection& conn, uint64_t id) {
   conn.Send(FrameWriter(ping, std::string_view()));
 }
 
+// Sends a stream's WINDOW: the receiver read `bytes` more frame bytes of call `call_id` (the
+// channel for server streams, the server for client streams).
+inline void SendWindow(transport::Connection& conn, uint64_t call_id, uint64_t bytes) {
+  FrameHeader h;
+  h.type = FrameType::kWindow;
+  h.call_id = call_id;
+  std::byte payload[kWindowBytes];
+  EncodeWindow(bytes, payload);
+  conn.Send(FrameWriter(h, std::string_view(reinterpret_cast<const char*>(payload), kWindowBytes)));
+}
+
 // Answers a PING with a PONG carrying the same call id (both ends of a connection do this).
 inline void SendPong(transport::Connection& conn, uint64_t call_id) {
   FrameHeader pong;

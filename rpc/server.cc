@@ -360,13 +360,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     held_bytes_ -= bytes;
     inbox.unreported += bytes;
     if (inbox.unreported >= kStreamWindowBytes / 2 && !inbox.ended && conn_ && !conn_->closed()) {
-      FrameHeader h;
-      h.type = FrameType::kWindow;
-      h.call_id = call_id;
-      std::byte payload[kWindowBytes];
-      EncodeWindow(inbox.unreported, payload);
-      conn_->Send(
-          FrameWriter(h, std::string_view(reinterpret_cast<const char*>(payload), kWindowBytes)));
+      SendWindow(*conn_, call_id, inbox.unreported);
       inbox.unreported = 0;
     }
     Throttle();

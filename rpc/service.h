@@ -354,18 +354,24 @@ class Service {
 };
 
 namespace internal {
+// Runs the job on its call's connection.
+template <class Job>
+void RunJob(std::unique_ptr<Job> job) {
+  CallSink* sink = job->call.sink();
+  sink->Run(std::move(job));
+}
+
 // Parses `payload` into the job's request and runs the job on its connection, or finishes the
 // call with INVALID_ARGUMENT when the request does not parse.
 template <class Job>
 void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
-  CallSink* sink = job->call.sink();
   if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     job->call.Finish(Status(StatusCode::kInvalidArgument,
                             "request does not parse as " + job->request.GetTypeName()),
                      nullptr);
     return;
   }
-  sink->Run(std::move(job));
+  RunJob(std::move(job));
 }
 
 // Awaits a streaming handler's `body` (a coroutine lambda, awaited at once), turning what it
@@ -467,9 +473,7 @@ class ClientStreamingMethodHandler final : public MethodHandler {
   explicit constexpr ClientStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
-    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
-    internal::CallSink* sink = job->call.sink();
-    sink->Run(std::move(job));
+    internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:
@@ -503,9 +507,7 @@ class BidiStreamingMethodHandler final : public MethodHandler {
   explicit constexpr BidiStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
-    auto job = std::make_unique<Job>(invoke_, service, std::move(call));
-    internal::CallSink* sink = job->call.sink();
-    sink->Run(std::move(job));
+    internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:

@@ -55,6 +55,13 @@ inline std::string Pattern(size_t n, uint64_t seed) {
   return s;
 }
 
+// Counts a handler as running while it lives (in a counter the tests poll).
+struct Running {
+  explicit Running(std::atomic<int>& n) : n(n) { ++n; }
+  ~Running() { --n; }
+  std::atomic<int>& n;
+};
+
 class TestServiceImpl final : public TestService::Service {
   // The "mode" metadata of Upload and Chat.
   struct StreamMode {
@@ -156,11 +163,7 @@ class TestServiceImpl final : public TestService::Service {
   }
   boost::asio::awaitable<Status> Count(ServerContext& ctx, const CountRequest& req,
                                        ServerWriter<CountReply>& writer) override {
-    ++streams_running;
-    struct Done {
-      std::atomic<int>& n;
-      ~Done() { --n; }
-    } done{streams_running};
+    Running running(streams_running);
     CountReply reply;
     for (uint64_t i = 0; i < req.count(); ++i) {
       reply.set_seq(i);
@@ -184,11 +187,7 @@ class TestServiceImpl final : public TestService::Service {
   }
   boost::asio::awaitable<Status> Upload(ServerContext& ctx, ServerReader<EchoRequest>& reader,
                                         UploadSummary& summary) override {
-    ++client_streams_running;
-    struct Done {
-      std::atomic<int>& n;
-      ~Done() { --n; }
-    } done{client_streams_running};
+    Running running(client_streams_running);
     const StreamMode mode = ModeOf(ctx);
     if (mode.stall) co_return co_await StallUntilCancelled(ctx);
     while (auto m = co_await reader.Read()) {
@@ -203,11 +202,7 @@ class TestServiceImpl final : public TestService::Service {
   }
   boost::asio::awaitable<Status> Chat(ServerContext& ctx,
                                       ServerReaderWriter<EchoRequest, EchoReply>& stream) override {
-    ++client_streams_running;
-    struct Done {
-      std::atomic<int>& n;
-      ~Done() { --n; }
-    } done{client_streams_running};
+    Running running(client_streams_running);
     const StreamMode mode = ModeOf(ctx);
     if (mode.stall) co_return co_await StallUntilCancelled(ctx);
     UploadSummary seen;
