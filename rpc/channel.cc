@@ -92,27 +92,62 @@ class ChannelCore final : public transport::ConnectionHandler,
         : last_error_;
   }
 
-  // One unary call; with interceptors, wrapped in their OnStart and OnFinish (a second coroutine
-  // frame only then).
+  // One unary call, with the interceptors' OnStart before it is sent and their OnFinish on
+  // every way out (Intercepted), in this one coroutine frame: no second frame per call.
   asio::awaitable<Status> Call(const MethodInfo& method,
                                const google::protobuf::MessageLite& request,
-                               google::protobuf::MessageLite& reply, const CallOptions& options) {
-    if (options_.interceptors.empty()) return CallUnintercepted(method, request, reply, options);
-    return InterceptedCall(method, request, reply, options);
+                               google::protobuf::MessageLite& reply,
+                               const CallOptions& caller_options) {
+    Interception ic;
+    std::optional<CallOptions> copy;  // only with interceptors, which may add metadata
+    if (!options_.interceptors.empty()) {
+      copy.emplace(caller_options);
+      ic.active = true;
+      ic.start = Clock::now();
+      if (Status s = StartInterceptors(method, *copy, &ic.admitted); !s.ok()) {
+        co_return Intercepted(method, ic, std::move(s));
+      }
+    }
+    const CallOptions& options = copy ? *copy : caller_options;
+    if (state_ == State::kShutdown) {
+      co_return Intercepted(
+          method, ic, Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed"));
+    }
+    auto self = shared_from_this();  // the channel may be dropped while we wait
+    const auto deadline = EffectiveDeadline(options);
+    const uint32_t index = AllocSlot();
+    Slot& slot = *slots_[index];
+    slot.reply = &reply;
+    slot.wait_for_ready = options.wait_for_ready;
+    if (Status s = co_await SendRequest(index, method, &request, options, deadline); !s.ok()) {
+      co_return Intercepted(method, ic, std::move(s));
+    }
+    const uint64_t call_id = CallId(index);
+    co_await Suspend(index, deadline);
+    Status status;
+    if (slot.done) {
+      status = std::move(slot.status);
+      FreeSlot(index);
+      co_return Intercepted(method, ic, NameUnknownMethod(std::move(status), method));
+    }
+    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+        asio::cancellation_type::none) {
+      // The caller cancelled (e.g. through a cancellation slot bound to this call).
+      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
+    } else {
+      status = DeadlineStatus(options);
+    }
+    SendCancel(call_id);
+    Abandon(index);
+    co_return Intercepted(method, ic, std::move(status));
   }
 
-  asio::awaitable<Status> InterceptedCall(const MethodInfo& method,
-                                          const google::protobuf::MessageLite& request,
-                                          google::protobuf::MessageLite& reply,
-                                          CallOptions options) {
-    auto self = shared_from_this();
-    const auto start = Clock::now();
+  // A call's interceptors: whether it has any, when they started, and how many let it through.
+  struct Interception {
+    bool active = false;
     size_t admitted = 0;
-    Status status = StartInterceptors(method, options, &admitted);
-    if (status.ok()) status = co_await CallUnintercepted(method, request, reply, options);
-    FinishInterceptors(method, status, start, admitted);
-    co_return status;
-  }
+    std::chrono::steady_clock::time_point start;
+  };
 
   // Runs the interceptors' OnStart in order until one rejects (its Status is returned);
   // `*admitted`: how many let the call through.
@@ -131,40 +166,10 @@ class ChannelCore final : public transport::ConnectionHandler,
     while (admitted-- > 0) options_.interceptors[admitted]->OnFinish(method, status, elapsed);
   }
 
-  asio::awaitable<Status> CallUnintercepted(const MethodInfo& method,
-                                            const google::protobuf::MessageLite& request,
-                                            google::protobuf::MessageLite& reply,
-                                            const CallOptions& options) {
-    if (state_ == State::kShutdown) {
-      co_return Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed");
-    }
-    auto self = shared_from_this();  // the channel may be dropped while we wait
-    const auto deadline = EffectiveDeadline(options);
-    const uint32_t index = AllocSlot();
-    Slot& slot = *slots_[index];
-    slot.reply = &reply;
-    slot.wait_for_ready = options.wait_for_ready;
-    if (Status s = co_await SendRequest(index, method, &request, options, deadline); !s.ok()) {
-      co_return s;
-    }
-    const uint64_t call_id = CallId(index);
-    co_await Suspend(index, deadline);
-    Status status;
-    if (slot.done) {
-      status = std::move(slot.status);
-      FreeSlot(index);
-      co_return NameUnknownMethod(std::move(status), method);
-    }
-    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
-        asio::cancellation_type::none) {
-      // The caller cancelled (e.g. through a cancellation slot bound to this call).
-      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
-    } else {
-      status = DeadlineStatus(options);
-    }
-    SendCancel(call_id);
-    Abandon(index);
-    co_return status;
+  // The call's result, after telling its interceptors (if any) how it ended.
+  Status Intercepted(const MethodInfo& method, const Interception& ic, Status status) {
+    if (ic.active) FinishInterceptors(method, status, ic.start, ic.admitted);
+    return status;
   }
 
   // --- streams (rpc/stream.h) ----------------------------------------------------------------

@@ -75,6 +75,14 @@ class ServerContext {
   void AddMetadata(std::string key, std::string value) {
     metadata_.emplace_back(std::move(key), std::move(value));
   }
+  // Serialized message bytes of this call so far, for interceptors (metrics): received = the
+  // request, or the client-stream messages the handler has read; sent = the stream messages
+  // written and, when OnFinish runs, the reply about to go out.
+  uint64_t bytes_received() const { return bytes_received_; }
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  // For the runtime.
+  void CountReceived(uint64_t bytes) { bytes_received_ += bytes; }
+  void CountSent(uint64_t bytes) { bytes_sent_ += bytes; }
   // The first value for `key`, or nullptr.
   const std::string* FindMetadata(std::string_view key) const {
     for (const auto& [k, v] : metadata_) {
@@ -93,6 +101,7 @@ class ServerContext {
   std::string_view method_;  // points at the generated method table (static storage)
   Clock::time_point deadline_ = Clock::time_point::max();
   Metadata metadata_;
+  uint64_t bytes_received_ = 0, bytes_sent_ = 0;
   bool cancelled_ = false;
 };
 

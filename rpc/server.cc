@@ -620,6 +620,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     }
     const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
     ServerContext context(peer_, entry->info.full_name, deadline, std::move(md));
+    context.CountReceived(f.payload.size());
     const ServerInterceptors& interceptors = core_->options.interceptors;
     const auto intercepted_at =
         interceptors.empty() ? ServerContext::Clock::time_point() : ServerContext::Clock::now();
@@ -679,6 +680,7 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
   }
   size_t cost = 0;
   if (!call_.sink()->SendStreamMessage(call_.call_id(), message, &cost, &error_)) co_return false;
+  call_.context().CountSent(cost - kFrameHeaderBytes);
   call_.hook().credit -= static_cast<int64_t>(cost);
   co_return true;
 }
@@ -701,6 +703,7 @@ asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
   const size_t cost = kFrameHeaderBytes + message.size();
   in.buffered -= cost;
   call_.sink()->StreamMessageTaken(call_.call_id(), in, cost);
+  call_.context().CountReceived(message.size());
   if (!out.ParseFromString(message)) {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());

@@ -206,6 +206,7 @@ class ServerCall {
       const Status seen =
           context_.cancelled() ? Status(StatusCode::kCancelled, "cancelled by the caller") : status;
       const auto elapsed = std::chrono::steady_clock::now() - started_;
+      if (reply && status.ok() && !context_.cancelled()) context_.CountSent(reply->ByteSizeLong());
       for (auto it = interceptors_->rbegin(); it != interceptors_->rend(); ++it) {
         (*it)->OnFinish(context_, seen, elapsed);
       }

@@ -11,9 +11,12 @@
 #include <boost/asio/write.hpp>
 #include <catch2/catch.hpp>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "rpc/health.h"
+#include "rpc/metrics.h"
+#include "rpc/metrics_http.h"
 #include "rpc/reflection.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
@@ -789,4 +792,208 @@ TEST_CASE("client interceptors add metadata, refuse calls and hear every call's 
   }  // dropped mid-way
   CHECK(Eventually([&] { return j.Size() == 4; }, 5000ms));
   CHECK(j.Take().back() == "A finish " + count + " CANCELLED");
+}
+
+// The value of the sample `series` (name and labels exactly as rendered) in a text exposition,
+// or -1 when it is absent.
+double SampleValue(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() > series.size() && line.compare(0, series.size(), series) == 0 &&
+        line[series.size()] == ' ') {
+      return std::stod(line.substr(series.size() + 1));
+    }
+  }
+  return -1;
+}
+
+TEST_CASE("metrics count every call per method, status, latency and bytes, on both sides",
+          "[metrics]") {
+  auto listen = GENERATE(from_range(ListenUris()));
+  INFO("over " << listen);
+  auto metrics = std::make_shared<Metrics>();
+  TestServer ts(listen,
+                ServerOptions{.io_threads = 1, .interceptors = {metrics->server_interceptor()}});
+  metrics->Watch(ts.server);
+  ChannelOptions o;
+  o.interceptors = {metrics->client_interceptor()};
+  auto ch = Channel::ConnectBlocking(ts.uri, o);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const auto m = [](const char* method) {
+    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
+  };
+  const auto value = [&](const std::string& series) {
+    return SampleValue(metrics->Render(), series);
+  };
+
+  EchoRequest req;
+  req.set_payload(std::string(100, 'x'));
+  uint64_t reply_bytes = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto r = stub.Echo(req, {.timeout = 10s});
+    REQUIRE(r.ok());
+    reply_bytes += r->ByteSizeLong();
+  }
+  FailRequest fail;
+  fail.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(stub.Fail(fail, {.timeout = 10s}).status().code() == StatusCode::kNotFound);
+  }
+  CountRequest count;
+  count.set_count(10);
+  count.set_payload_bytes(1000);
+  auto stream = stub.Count(count, {.timeout = 10s});
+  uint64_t streamed = 0;
+  while (auto msg = stream.Read()) streamed += msg->ByteSizeLong();
+  CHECK(stream.Finish().ok());
+
+  // The server's OnFinish runs as the reply goes out; the client may be a moment ahead.
+  CHECK(Eventually(
+      [&] { return value("rdmarpc_server_handled_total" + m("Count") + ",code=\"OK\"}") == 1; },
+      5000ms));
+  const std::string text = metrics->Render();
+  INFO(text);
+  for (const char* side : {"server", "client"}) {
+    const std::string p = std::string("rdmarpc_") + side + "_";
+    CHECK(SampleValue(text, p + "started_total" + m("Echo") + "}") == 20);
+    CHECK(SampleValue(text, p + "handled_total" + m("Echo") + ",code=\"OK\"}") == 20);
+    CHECK(SampleValue(text, p + "handled_total" + m("Fail") + ",code=\"NOT_FOUND\"}") == 3);
+    CHECK(SampleValue(text, p + "handled_total" + m("Fail") + ",code=\"OK\"}") == -1);
+    CHECK(SampleValue(text, p + "in_flight" + m("Echo") + "}") == 0);
+    CHECK(SampleValue(text, p + "handling_seconds_count" + m("Echo") + "}") == 20);
+    CHECK(SampleValue(text, p + "handling_seconds_bucket" + m("Echo") + ",le=\"+Inf\"}") == 20);
+    CHECK(SampleValue(text, p + "handling_seconds_sum" + m("Echo") + "}") > 0);
+    // Cumulative buckets never decrease.
+    double last = 0;
+    for (double le : internal::MethodStats::kBuckets) {
+      char label[64];
+      std::snprintf(label, sizeof label, ",le=\"%g\"}", le);
+      const double v = SampleValue(text, p + "handling_seconds_bucket" + m("Echo") + label);
+      CHECK(v >= last);
+      last = v;
+    }
+  }
+  CHECK(SampleValue(text, "rdmarpc_server_received_bytes_total" + m("Echo") + "}") ==
+        20 * req.ByteSizeLong());
+  CHECK(SampleValue(text, "rdmarpc_server_sent_bytes_total" + m("Echo") + "}") == reply_bytes);
+  CHECK(SampleValue(text, "rdmarpc_server_sent_bytes_total" + m("Count") + "}") == streamed);
+  CHECK(SampleValue(text, "rdmarpc_server_connections") == 1);
+  const bool rdma = listen.rfind("rdma://", 0) == 0;
+  CHECK(SampleValue(text, std::string("rdmarpc_transport_connections{transport=\"") +
+                              (rdma ? "rdma" : "tcp") + "\"}") >= 2);  // this client + server
+  if (rdma) {
+    CHECK(SampleValue(text, "rdmarpc_rdma_completions_total") > 0);
+    CHECK(SampleValue(text, "rdmarpc_rdma_cq_polls_total") > 0);
+    CHECK(SampleValue(text, "rdmarpc_rdma_ring_used_bytes") >= 0);
+  }
+
+  // In flight: a call the server is still handling counts on both sides until it ends.
+  SleepRequest sleep;
+  sleep.set_ms(500);
+  std::thread slow([&] { CHECK(stub.Sleep(sleep, {.timeout = 10s}).ok()); });
+  CHECK(Eventually([&] { return value("rdmarpc_server_in_flight" + m("Sleep") + "}") == 1; },
+                   5000ms));
+  CHECK(value("rdmarpc_client_in_flight" + m("Sleep") + "}") == 1);
+  CHECK(value("rdmarpc_server_calls_in_flight") == 1);
+  slow.join();
+  CHECK(Eventually([&] { return value("rdmarpc_server_in_flight" + m("Sleep") + "}") == 0; },
+                   5000ms));
+  CHECK(value("rdmarpc_client_in_flight" + m("Sleep") + "}") == 0);
+  CHECK(value("rdmarpc_server_handling_seconds_sum" + m("Sleep") + "}") >= 0.5);
+}
+
+TEST_CASE("metric label values and help text are escaped", "[metrics]") {
+  CHECK(EscapeLabelValue("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
+  auto metrics = std::make_shared<Metrics>();
+  metrics->AddGauge("app_answer", "The answer.\nOn two lines \\ with a backslash.",
+                    [] { return 42.0; });
+  const std::string text = metrics->Render();
+  CHECK(text.find("# HELP app_answer The answer.\\nOn two lines \\\\ with a backslash.\n") !=
+        std::string::npos);
+  CHECK(text.find("# TYPE app_answer gauge\napp_answer 42\n") != std::string::npos);
+}
+
+// A blocking HTTP exchange with the metrics endpoint: sends `request` as is and returns all it
+// answers until it closes the connection (or 5 s pass).
+std::string HttpExchange(uint16_t port, const std::string& request) {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket s(io);
+  s.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  boost::asio::write(s, boost::asio::buffer(request));
+  timeval tv{5, 0};
+  setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(s.native_handle(), buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+TEST_CASE("the metrics endpoint serves /metrics over HTTP and bounds what a client can do",
+          "[metrics]") {
+  auto metrics = std::make_shared<Metrics>();
+  metrics->server_methods().Get("/x.Y/Z").Started();
+  auto endpoint = MetricsEndpoint::Start(metrics, "127.0.0.1:0");
+  REQUIRE(endpoint.ok());
+  const uint16_t port = (*endpoint)->port();
+  CHECK((*endpoint)->address() == "127.0.0.1:" + std::to_string(port));
+
+  std::string r =
+      HttpExchange(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(r.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n") != std::string::npos);
+  CHECK(r.find("rdmarpc_server_started_total{method=\"/x.Y/Z\"} 1\n") != std::string::npos);
+
+  // Keep-alive: two requests on one connection, both answered.
+  r = HttpExchange(port,
+                   "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.1\r\nHost: "
+                   "x\r\nConnection: close\r\n\r\n");
+  CHECK(std::count(r.begin(), r.end(), '\n') > 10);
+  size_t oks = 0;
+  for (size_t at = 0; (at = r.find("HTTP/1.1 200 OK", at)) != std::string::npos; ++at) ++oks;
+  CHECK(oks == 2);
+
+  r = HttpExchange(port, "GET /secret HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  CHECK(r.rfind("HTTP/1.1 404 Not Found\r\n", 0) == 0);
+  r = HttpExchange(port,
+                   "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                   "Connection: close\r\n\r\n");
+  CHECK(r.rfind("HTTP/1.1 405 Method Not Allowed\r\n", 0) == 0);
+  // Not HTTP, a header past 8 KiB, a body: the connection is closed without an answer.
+  CHECK(HttpExchange(port, "HELLO\r\n\r\n").find("200 OK") == std::string::npos);
+  CHECK(HttpExchange(port, "GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n")
+            .find("200 OK") == std::string::npos);
+  CHECK(HttpExchange(port, "GET /metrics HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+            .find("200 OK") == std::string::npos);
+
+  // Connections past the limit are closed on accept; the endpoint still serves once they go.
+  {
+    boost::asio::io_context io;
+    std::vector<boost::asio::ip::tcp::socket> held;
+    for (int i = 0; i < MetricsEndpoint::kMaxConnections; ++i) {
+      held.emplace_back(io).connect({boost::asio::ip::make_address("127.0.0.1"), port});
+    }
+    CHECK(Eventually(
+        [&] {
+          return HttpExchange(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").empty();
+        },
+        5000ms));
+  }
+  CHECK(Eventually(
+      [&] {
+        return HttpExchange(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+                   .rfind("HTTP/1.1 200 OK", 0) == 0;
+      },
+      5000ms));
+
+  CHECK(MetricsEndpoint::Start(metrics, "localhost:1").status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(MetricsEndpoint::Start(metrics, "127.0.0.1").status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(MetricsEndpoint::Start(metrics, "127.0.0.1:" + std::to_string(port)).status().code() ==
+        StatusCode::kUnavailable);  // taken
 }

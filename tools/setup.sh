@@ -24,6 +24,8 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # formatting check (tools/format.sh --check, in tools/test.sh)
   clang-format
+  # metrics tests: promtool checks the exposition, a real Prometheus server scrapes it
+  prometheus curl
   # Soft-RoCE VM runner
   qemu-system-x86 busybox-static kmod cpio
 )

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   const long threads = flags.get_int("threads", 1, 1, 256);
   const std::string secret = flags.auth_secret();
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::cmdline::ApplyServerFlags(flags, options);
+  const auto metrics = rdmarpc::cmdline::ApplyServerFlags(flags, options);
   rdmarpc::cmdline::ApplyPollingFlags(flags, options.transport);
   if (!flags.error().empty()) {
     std::cerr << "echo_server: " << flags.error() << "\n(see echo_server --help)\n";
@@ -118,17 +118,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   health.SetServing("demo.Echo", true);
-  for (const auto& uri : uris) {
-    auto bound = server.Listen(uri);
-    if (!bound.ok()) {
-      std::cerr << "echo_server: cannot listen on " << uri << ": " << bound.status().message()
-                << "\n";
-      return 1;
-    }
-    if (service.served_by_.empty()) service.served_by_ = *bound;
-    std::cout << "listening on " << *bound << std::endl;
-  }
-  server.Run();
+  const int code = rdmarpc::cmdline::ListenAndRun(server, uris, flags, metrics, "echo_server",
+                                                  [&](const std::string& bound) {
+                                                    if (service.served_by_.empty())
+                                                      service.served_by_ = bound;
+                                                  });
+  if (code != 0) return code;
   std::cout << "echo_server: shut down cleanly" << std::endl;
   return 0;
 }

@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   }
   const long threads = flags.get_int("threads", 2, 1, 256);
   rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::cmdline::ApplyServerFlags(flags, options);
+  const auto metrics = rdmarpc::cmdline::ApplyServerFlags(flags, options);
   const std::string secret = flags.auth_secret();
   const std::string data_dir = flags.get("data-dir", "");
   const std::string engine_name = flags.get("engine", data_dir.empty() ? "memory" : "rocksdb");
@@ -117,16 +117,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     health.SetServing("kv.KV", true);
-    for (const auto& uri : uris) {
-      auto bound = server.Listen(uri);
-      if (!bound.ok()) {
-        std::cerr << "kv_server: cannot listen on " << uri << ": " << bound.status().message()
-                  << "\n";
-        return 1;
-      }
-      std::cout << "listening on " << *bound << std::endl;
+    // Until SIGINT/SIGTERM, then drains in-flight calls.
+    if (int code = rdmarpc::cmdline::ListenAndRun(server, uris, flags, metrics, "kv_server");
+        code != 0) {
+      return code;
     }
-    server.Run();  // until SIGINT/SIGTERM, then drains in-flight calls
   }
   if (auto s = engine->Flush(); !s.ok()) {
     std::cerr << "kv_server: flushing the engine failed: " << s.message() << "\n";

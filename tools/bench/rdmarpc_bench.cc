@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "rpc/logging.h"
+#include "rpc/metrics.h"
 #include "rpc/rdmarpc.h"
 #include "tools/bench/bench.rdmarpc.pb.h"
 #include "tools/bench/histogram.h"
@@ -46,11 +47,11 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: rdmarpc_bench --server [--listen URI]... [--threads N] [--busy-poll]\n"
-    "                     [--poll-spin-us US]\n"
+    "                     [--poll-spin-us US] [--metrics]\n"
     "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
-    "                     [--connect-timeout-ms MS] [--json] [--quiet]\n"
+    "                     [--connect-timeout-ms MS] [--json] [--quiet] [--metrics]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
     "\n"
@@ -77,6 +78,8 @@ constexpr char kUsage[] =
     "                       report (e.g. to measure an idle server's CPU)\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
+    "  --metrics            record every call in an rdmarpc::Metrics registry (server and\n"
+    "                       client interceptors), to measure what metrics cost\n"
     "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
     "                       read as fast as they come (messages/s and MB/s)\n"
     "  --connect-timeout-ms MS  give up connecting after MS (default 5000; e.g. more under\n"
@@ -146,7 +149,10 @@ int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
     std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
     return 2;
   }
+  const auto metrics = std::make_shared<rdmarpc::Metrics>();
+  if (flags.has("metrics")) options.interceptors.push_back(metrics->server_interceptor());
   rdmarpc::Server server(options);
+  metrics->Watch(server);
   if (!server.AddService(service).ok()) return 1;
   auto uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7490");
@@ -535,7 +541,7 @@ int main(int argc, char** argv) {
            {"warmup", true},           {"threads", true},  {"connect-timeout-ms", true},
            {"idle-connections", true}, {"hold", true},     {"json", false},
            {"quiet", false},           {"verify", false},  {"stream", false},
-           {"log-level", true},        {"help", false}}));
+           {"log-level", true},        {"help", false},    {"metrics", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -553,6 +559,8 @@ int main(int argc, char** argv) {
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
+  const auto metrics = std::make_shared<rdmarpc::Metrics>();
+  if (flags.has("metrics")) cfg.options.interceptors.push_back(metrics->client_interceptor());
   rdmarpc::cmdline::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.connect_timeout_ms = static_cast<int>(
       flags.get_int("connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));

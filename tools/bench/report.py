@@ -402,6 +402,23 @@ def main():
                 w("```")
                 w("")
 
+    # --- metrics overhead (tools/bench/metrics_overhead.sh, run by run_all.sh) --------------
+    p = os.path.join(res, "metrics_overhead.md")
+    if os.path.exists(p):
+        w("## Metrics overhead")
+        w("")
+        w("The same `rdmarpc_bench` binary with and without `--metrics` (an `rdmarpc::Metrics` "
+          "registry's interceptors on the server and on the client: docs/METRICS.md), over TCP "
+          "on loopback, rounds interleaved off/on. Command: `tools/bench/metrics_overhead.sh 9` "
+          "(a step of `tools/bench/run_all.sh`). The transport counters are always on, so they "
+          "are in both columns; the callgrind rows are the deterministic measure, the timed rows "
+          "move by several percent from run to run on this shared 2-core machine.")
+        w("")
+        with open(p) as f:
+            for line in f:
+                w(line.rstrip())
+        w("")
+
     # --- plots ----------------------------------------------------------------------------
     plot_dir = os.path.join(os.path.dirname(out_md), "bench")
     os.makedirs(plot_dir, exist_ok=True)

@@ -91,6 +91,9 @@ for side in client server; do
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
 done
 
+echo "== metrics overhead: --metrics off and on, interleaved (tools/bench/metrics_overhead.sh)"
+bash tools/bench/metrics_overhead.sh 9 >"$res/metrics_overhead.md"
+
 echo "== RDMA in the Soft-RoCE VM (perftest and rdmarpc_bench, same device, same boot)"
 # 8 GiB: 10,000 connections, with their client in the same guest (rxe maps each queue pair's
 # queues into the process: about 380 KiB resident per connection and side).
@@ -98,7 +101,7 @@ bash tools/vm/rxe_vm.sh --timeout 1500 --mem 8G --share "$res" -- bash tools/ben
 
 echo "== report"
 mkdir -p docs/bench
-cp "$res"/*.jsonl "$res"/*.top.txt docs/bench/
+cp "$res"/*.jsonl "$res"/*.top.txt "$res"/metrics_overhead.md docs/bench/
 if ls "$res"/stuck_server.*.txt >/dev/null 2>&1; then
   cp "$res"/stuck_server.*.txt docs/bench/
   echo "WARNING: a server did not exit on SIGTERM in the VM; stacks in docs/bench/stuck_server.*.txt"

@@ -1,10 +1,12 @@
-// A tiny command-line flag parser for the samples and tools: --name=value, --name value,
-// --bool-flag.
+// The command-line flags of the samples and tools, parsed by Boost.Program_options (as the
+// rdmarpc tool's are): --name=value, --name value, --bool-flag, -h for --help; "--" ends the
+// flags. Options are never abbreviated (--thr is not --threads) and a flag may repeat (all()
+// returns every value, get() the last).
 #pragma once
 
+#include <boost/program_options.hpp>
 #include <cstdlib>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -16,46 +18,61 @@ class Flags {
  public:
   // `known` maps each flag name to whether it takes a value. Unknown flags and missing values
   // are errors (see error()), and so are arguments that are not flags unless `positional` is
-  // set (then they are kept, in order, in positional(); "--" ends the flags).
+  // set (then they are kept, in order, in positional()).
   Flags(int argc, char** argv, const std::map<std::string, bool>& known, bool positional = false) {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "-h" && known.count("help")) {  // what everyone types first
-        values_["help"].push_back("");
-        continue;
+    namespace po = boost::program_options;
+    po::options_description desc;
+    for (const auto& [name, takes_value] : known) {
+      const std::string spec = name == "help" ? "help,h" : name;
+      if (takes_value) {
+        desc.add_options()(spec.c_str(), po::value<std::string>());
+      } else {
+        desc.add_options()(spec.c_str(),
+                           po::value<std::string>()->zero_tokens()->implicit_value(""));
       }
-      if (positional && a == "--") {
-        for (++i; i < argc; ++i) positional_.push_back(argv[i]);
-        return;
-      }
-      if (a.rfind("--", 0) != 0) {
-        if (positional) {
-          positional_.push_back(a);
+    }
+    // Arguments that are not flags land here; refused below unless `positional`.
+    constexpr const char* kRest = "\x01rest";
+    desc.add_options()(kRest, po::value<std::vector<std::string>>());
+    po::positional_options_description rest;
+    rest.add(kRest, -1);
+    namespace style = po::command_line_style;
+    try {
+      const po::parsed_options parsed =
+          po::command_line_parser(argc, argv)
+              .options(desc)
+              .positional(rest)
+              .style(style::allow_long | style::long_allow_adjacent | style::long_allow_next |
+                     style::allow_short | style::allow_dash_for_short | style::short_allow_next)
+              .run();
+      for (const po::option& o : parsed.options) {
+        if (o.string_key == kRest) {
+          if (!positional) {
+            error_ = "unexpected argument '" + (o.value.empty() ? "" : o.value[0]) + "'";
+            return;
+          }
+          positional_.insert(positional_.end(), o.value.begin(), o.value.end());
           continue;
         }
-        error_ = "unexpected argument '" + a + "'";
-        return;
+        values_[o.string_key].push_back(o.value.empty() ? "" : o.value.back());
       }
-      std::string name = a.substr(2), value;
-      bool has_value = false;
-      if (auto eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-        has_value = true;
+    } catch (const po::unknown_option& e) {
+      std::string name = e.get_option_name();  // "--name=value" as typed: name it alone
+      error_ = "unknown flag " + name.substr(0, name.find('='));
+    } catch (const po::invalid_command_line_syntax& e) {
+      const std::string name = e.get_option_name();
+      switch (e.kind()) {
+        case po::invalid_syntax::missing_parameter:
+          error_ = "flag " + name + " needs a value";
+          break;
+        case po::invalid_syntax::extra_parameter:
+          error_ = "flag " + name + " takes no value";
+          break;
+        default:
+          error_ = e.what();
       }
-      auto it = known.find(name);
-      if (it == known.end()) {
-        error_ = "unknown flag --" + name;
-        return;
-      }
-      if (it->second && !has_value) {
-        if (i + 1 >= argc) {
-          error_ = "flag --" + name + " needs a value";
-          return;
-        }
-        value = argv[++i];
-      }
-      values_[name].push_back(value);
+    } catch (const po::error& e) {
+      error_ = e.what();
     }
   }
 

@@ -5,10 +5,15 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "rpc/metrics.h"
+#include "rpc/metrics_http.h"
 #include "rpc/server.h"
 #include "tools/common/flags.h"
 
@@ -18,7 +23,7 @@ namespace rdmarpc::cmdline {
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
   for (const char* name :
        {"max-connections", "max-concurrent-calls", "max-buffered-bytes", "idle-timeout-ms",
-        "keepalive-ms", "keepalive-timeout-ms", "shutdown-grace-ms"}) {
+        "keepalive-ms", "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
     known[name] = true;
   }
   known["access-log"] = false;
@@ -39,12 +44,17 @@ inline constexpr char kServerFlagsUsage[] =
     "Operations:\n"
     "  --access-log              log one line per call: peer, method, status, duration\n"
     "                            (level info: rdmarpc::AccessLogInterceptor)\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
+    "                            (per method, server and transport; docs/METRICS.md). No\n"
+    "                            authentication: use a loopback or management address\n"
     "Shutdown (SIGTERM/SIGINT):\n"
     "  --shutdown-grace-ms N     health turns NOT_SERVING at once; keep serving N ms more\n"
     "                            before GOAWAY and drain, so load balancers move away (0)\n";
 
-// Sets the limits the flags name; a bad value sets flags.error().
-inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
+// Sets the limits the flags name; a bad value sets flags.error(). With --metrics-listen, puts a
+// Metrics registry's interceptor first in o.interceptors (so it also times the others) and
+// returns the registry for ListenAndRun; null otherwise.
+inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o) {
   o.max_connections =
       static_cast<uint32_t>(flags.get_int("max-connections", o.max_connections, 0, 10000000));
   o.max_concurrent_calls_per_connection = static_cast<uint32_t>(
@@ -60,6 +70,44 @@ inline void ApplyServerFlags(Flags& flags, ServerOptions& o) {
   o.shutdown_grace = std::chrono::milliseconds(
       flags.get_int("shutdown-grace-ms", o.shutdown_grace.count(), 0, 3600000L));
   if (flags.has("access-log")) o.interceptors.push_back(std::make_shared<AccessLogInterceptor>());
+  if (!flags.has("metrics-listen")) return nullptr;
+  auto metrics = std::make_shared<Metrics>();
+  o.interceptors.insert(o.interceptors.begin(), metrics->server_interceptor());
+  return metrics;
+}
+
+// The sample servers' main loop: listens on every URI in order, printing "listening on URI"
+// for each (and calling on_bound with it), serves `metrics` on --metrics-listen (printing
+// "metrics on http://ADDR/metrics"), then runs `server` until SIGINT/SIGTERM and its drain.
+// Returns the exit code: 0 after a clean shutdown, 1 (with the reason on stderr, prefixed by
+// `program`) when an address cannot be served.
+inline int ListenAndRun(Server& server, const std::vector<std::string>& uris, const Flags& flags,
+                        const std::shared_ptr<Metrics>& metrics, const char* program,
+                        const std::function<void(const std::string&)>& on_bound = {}) {
+  for (const auto& uri : uris) {
+    auto bound = server.Listen(uri);
+    if (!bound.ok()) {
+      std::cerr << program << ": cannot listen on " << uri << ": " << bound.status().message()
+                << "\n";
+      return 1;
+    }
+    if (on_bound) on_bound(*bound);
+    std::cout << "listening on " << *bound << std::endl;
+  }
+  // Declared after the server's set-up and destroyed before the server: it reads its gauges.
+  std::unique_ptr<MetricsEndpoint> endpoint;
+  if (metrics) {
+    metrics->Watch(server);
+    auto started = MetricsEndpoint::Start(metrics, flags.get("metrics-listen", ""));
+    if (!started.ok()) {
+      std::cerr << program << ": " << started.status().message() << "\n";
+      return 1;
+    }
+    endpoint = std::move(*started);
+    std::cout << "metrics on http://" << endpoint->address() << "/metrics" << std::endl;
+  }
+  server.Run();
+  return 0;
 }
 
 // Raises this process's open-file limit to the hard limit, as servers do (Go's runtime does it

@@ -37,6 +37,7 @@
 #include "transport/rdma/ring.h"
 #include "transport/rdma/start_gate.h"
 #include "transport/rdma/verbs.h"
+#include "transport/stats.h"
 
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
@@ -385,6 +386,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
       asio::post(ex_, [weak] {
         if (auto self = weak.lock()) {
           self->PollAll();
+          self->CountTime(Stat::kRdmaBusyPollNanos, std::chrono::steady_clock::now());
           self->Arm();
         }
       });
@@ -396,10 +398,13 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
   void Sleep() {
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
+    mark_ = std::chrono::steady_clock::now();
     fd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](boost::system::error_code ec) {
       if (ec) return;
       auto self = weak.lock();
       if (!self) return;
+      Count(Stat::kRdmaWakeups);
+      self->CountTime(Stat::kRdmaSleepNanos, std::chrono::steady_clock::now());
       self->TakeEventsAndRearm();
       self->DrainEvented();
     });
@@ -434,7 +439,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // CQs stay armed while spinning, so each raises at most one event meanwhile; those are taken
   // when the window closes.
   void StartSpin() {
-    spin_until_ = std::chrono::steady_clock::now() + spin_window_;
+    mark_ = std::chrono::steady_clock::now();
+    spin_until_ = mark_ + spin_window_;
     PostSpin();
   }
   void PostSpin() {
@@ -446,6 +452,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   void Spin() {
     uint32_t taken = PollAll();
     auto now = std::chrono::steady_clock::now();
+    CountTime(Stat::kRdmaSpinNanos, now);
     if (taken) spin_until_ = now + spin_window_;
     if (now < spin_until_) {
       // Found nothing: let any other runnable thread on this CPU go first. When threads
@@ -497,6 +504,11 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // may be left.
   uint32_t Poll(ibv_cq* cq);
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
+  // Adds the time since mark_ to `s` and moves mark_ to `now`.
+  void CountTime(Stat s, std::chrono::steady_clock::time_point now) {
+    Count(s, static_cast<uint64_t>(std::chrono::nanoseconds(now - mark_).count()));
+    mark_ = now;
+  }
   uint32_t PollAll() {
     uint32_t taken = 0;
     for (auto& slot : cqs_) taken += Poll(slot->cq.get());
@@ -525,6 +537,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   bool busy_poll_;
   std::chrono::nanoseconds spin_window_;
   std::chrono::steady_clock::time_point spin_until_{};
+  // Where the time accounting (CountTime) last stopped: busy-poll, spin or sleep started there.
+  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
   std::unordered_map<uint32_t, std::weak_ptr<RdmaConnection>> by_qp_;
 };
 
@@ -537,9 +551,14 @@ class RdmaConnection final : public Connection,
         peer_(std::move(peer)),
         event_fd_(executor_),
         recv_ring_(kRingBytes),
-        send_ring_(kRingBytes) {}
+        send_ring_(kRingBytes) {
+    Count(Stat::kRdmaConnectionsOpened);
+  }
 
   ~RdmaConnection() override {
+    Count(Stat::kRdmaConnectionsClosed);
+    // What this connection still occupies in its peer's ring stops counting with it.
+    Count(Stat::kRdmaRingBytesCredited, send_ring_.used());
     if (dev_ && qp_num_) dev_->Unregister(qp_num_);
     if (event_fd_.is_open()) event_fd_.release();  // rdma_destroy_event_channel closes it
     // The window first: bound to the QP, it holds a reference to it, and a QP destroyed before
@@ -724,7 +743,7 @@ class RdmaConnection final : public Connection,
     if (n > options_.max_message_bytes) return false;
     const bool fits_record = n + kRecordHeaderBytes <= send_ring_.max_record_bytes();
     if (pending_.empty() && fits_record && CanPost()) {
-      if (auto at = send_ring_.Reserve(static_cast<uint32_t>(n + kRecordHeaderBytes))) {
+      if (auto at = ReserveRecord(static_cast<uint32_t>(n + kRecordHeaderBytes))) {
         std::byte* rec = send_.data + *at;
         StoreRecordHeader(rec, static_cast<uint32_t>(n), kRecordData);
         message.WriteTo(rec + kRecordHeaderBytes);
@@ -734,6 +753,7 @@ class RdmaConnection final : public Connection,
     }
     Outgoing out;
     out.size = n;
+    if (fits_record) Count(Stat::kRdmaCreditStalls);  // (large messages always queue)
     if (!fits_record && dev_->qp_bound_windows()) {
       // Rendezvous: serialized straight into registered memory, which the peer will read
       // (Expose). The payload is never copied on either side.
@@ -787,6 +807,14 @@ class RdmaConnection final : public Connection,
       self->resume_posted_ = false;
       self->Drain();
     });
+  }
+
+  // send_ring_.Reserve, counted for the ring-occupancy gauge (transport/stats.h).
+  std::optional<uint32_t> ReserveRecord(uint32_t bytes) {
+    const uint64_t used_before = send_ring_.used();
+    auto at = send_ring_.Reserve(bytes);
+    if (at) Count(Stat::kRdmaRingBytesWritten, send_ring_.used() - used_before);
+    return at;
   }
 
   // --- completions -----------------------------------------------------------------------------
@@ -850,10 +878,12 @@ class RdmaConnection final : public Connection,
     }
     const uint32_t imm = be32toh(wc.imm_data);
     if (imm & kImmCreditBit) {
+      const uint64_t used_before = send_ring_.used();
       if (!send_ring_.OnCredit(uint64_t(imm & kImmMask) * kRecordAlignBytes)) {
         CloseWith("protocol error: peer returned more credit than was used");
         return;
       }
+      Count(Stat::kRdmaRingBytesCredited, used_before - send_ring_.used());
       SendPendingAndReport();
     } else if (imm & kImmFinBit) {
       OnFin(imm & kImmFinSlotMask);
@@ -1017,7 +1047,7 @@ class RdmaConnection final : public Connection,
     uint32_t slot = 0;
     while (slot < kMaxRendezvous && exposed_[slot].state != Exposed::kFree) ++slot;
     if (slot == kMaxRendezvous) return false;
-    auto at = send_ring_.Reserve(kRecordHeaderBytes + kRendezvousBodyBytes);
+    auto at = ReserveRecord(kRecordHeaderBytes + kRendezvousBodyBytes);
     if (!at) return false;
     Exposed& e = exposed_[slot];
     if (!e.mw) {
@@ -1138,7 +1168,7 @@ class RdmaConnection final : public Connection,
       auto& m = o.bytes;
       const size_t chunk = std::min(m.size() - pending_sent_,
                                     size_t(send_ring_.max_record_bytes() - kRecordHeaderBytes));
-      auto at = send_ring_.Reserve(static_cast<uint32_t>(chunk + kRecordHeaderBytes));
+      auto at = ReserveRecord(static_cast<uint32_t>(chunk + kRecordHeaderBytes));
       if (!at) return;  // wait for credits
       std::byte* rec = send_.data + *at;
       StoreRecordHeader(rec, static_cast<uint32_t>(m.size()), kRecordData);
@@ -1294,9 +1324,10 @@ class RdmaConnection final : public Connection,
 
 uint32_t ThreadDevice::Poll(ibv_cq* cq) {
   ibv_wc wcs[32];
-  uint32_t taken = 0;
+  uint32_t taken = 0, polls = 0;
   while (taken < kPollBudget) {
     int n = ibv_poll_cq(cq, 32, wcs);
+    ++polls;
     if (n <= 0) break;
     taken += static_cast<uint32_t>(n);
     uint32_t receives = 0;
@@ -1311,6 +1342,8 @@ uint32_t ThreadDevice::Poll(ibv_cq* cq) {
       spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
     }
   }
+  Count(Stat::kRdmaCqPolls, polls);
+  if (taken) Count(Stat::kRdmaCompletions, taken);
   return taken;
 }
 

@@ -22,6 +22,7 @@
 
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
+#include "transport/stats.h"
 #include "transport/tcp/reassembler.h"
 
 namespace rdmarpc::transport::tcp {
@@ -76,7 +77,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     socket_.non_blocking(true, ec);
     auto remote = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
+    Count(Stat::kTcpConnectionsOpened);
   }
+  ~TcpConnection() override { Count(Stat::kTcpConnectionsClosed); }
 
   const Executor& executor() const override { return executor_; }
   bool closed() const override { return handler_.closed(); }

@@ -1,0 +1,349 @@
+#include "rpc/metrics.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "rpc/server.h"
+#include "rpc/service.h"
+#include "transport/stats.h"
+
+namespace rdmarpc {
+namespace internal {
+
+void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
+                           uint64_t bytes_out) {
+  in_flight.fetch_sub(1, std::memory_order_relaxed);
+  const auto c = static_cast<size_t>(code);
+  handled[c < kCodes ? c : static_cast<size_t>(StatusCode::kUnknown)].fetch_add(
+      1, std::memory_order_relaxed);
+  const double seconds = std::chrono::duration<double>(elapsed).count();
+  const size_t bucket =
+      std::lower_bound(std::begin(kBuckets), std::end(kBuckets), seconds) - std::begin(kBuckets);
+  latency_buckets[bucket].fetch_add(1, std::memory_order_relaxed);
+  latency_nanos.fetch_add(static_cast<uint64_t>(std::max<int64_t>(elapsed.count(), 0)),
+                          std::memory_order_relaxed);
+  if (bytes_in) bytes_received.fetch_add(bytes_in, std::memory_order_relaxed);
+  if (bytes_out) bytes_sent.fetch_add(bytes_out, std::memory_order_relaxed);
+}
+
+MethodTable::~MethodTable() {
+  for (auto& head : heads_) {
+    for (MethodStats* m = head.load(std::memory_order_relaxed); m;) {
+      MethodStats* next = m->next;
+      delete m;
+      m = next;
+    }
+  }
+}
+
+namespace {
+size_t HashName(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return static_cast<size_t>(h);
+}
+}  // namespace
+
+MethodStats& MethodTable::Find(std::string_view method) {
+  std::atomic<MethodStats*>& head = heads_[HashName(method) % kBuckets];
+  for (MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
+    if (m->name == method) return *m;
+  }
+  std::lock_guard lock(mu_);
+  // Again under the lock: another thread may have added it meanwhile.
+  for (MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
+    if (m->name == method) return *m;
+  }
+  auto* m = new MethodStats(method);
+  m->next = head.load(std::memory_order_relaxed);
+  head.store(m, std::memory_order_release);  // readers see a complete node
+  return *m;
+}
+
+std::vector<const MethodStats*> MethodTable::All() const {
+  std::vector<const MethodStats*> out;
+  for (const auto& head : heads_) {
+    for (const MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
+      out.push_back(m);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const MethodStats* a, const MethodStats* b) { return a->name < b->name; });
+  return out;
+}
+
+}  // namespace internal
+
+namespace {
+
+class ServerMetricsInterceptor final : public ServerInterceptor {
+ public:
+  explicit ServerMetricsInterceptor(std::shared_ptr<Metrics> metrics)
+      : metrics_(std::move(metrics)) {}
+  Status OnStart(ServerContext& context) override {
+    metrics_->server_methods().Get(context.method()).Started();
+    return Status();
+  }
+  void OnFinish(const ServerContext& context, const Status& status,
+                std::chrono::nanoseconds elapsed) override {
+    metrics_->server_methods()
+        .Get(context.method())
+        .Finished(status.code(), elapsed, context.bytes_received(), context.bytes_sent());
+  }
+
+ private:
+  std::shared_ptr<Metrics> metrics_;
+};
+
+class ClientMetricsInterceptor final : public ClientInterceptor {
+ public:
+  explicit ClientMetricsInterceptor(std::shared_ptr<Metrics> metrics)
+      : metrics_(std::move(metrics)) {}
+  Status OnStart(const MethodInfo& method, CallOptions&) override {
+    metrics_->client_methods().Get(method.full_name).Started();
+    return Status();
+  }
+  void OnFinish(const MethodInfo& method, const Status& status,
+                std::chrono::nanoseconds elapsed) override {
+    metrics_->client_methods().Get(method.full_name).Finished(status.code(), elapsed, 0, 0);
+  }
+
+ private:
+  std::shared_ptr<Metrics> metrics_;
+};
+
+// Appends the text format, one family at a time.
+class Writer {
+ public:
+  explicit Writer(std::string& out) : out_(out) {}
+  void Family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    for (char c : help) {  // the format's escapes for help text
+      if (c == '\\') {
+        out_ += "\\\\";
+      } else if (c == '\n') {
+        out_ += "\\n";
+      } else {
+        out_ += c;
+      }
+    }
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  // `labels` is already formatted ("" or `a="b",c="d"`).
+  void Sample(std::string_view name, std::string_view labels, double value) {
+    char num[64];
+    std::snprintf(num, sizeof num, "%.17g", value);
+    Sample(name, labels, std::string_view(num));
+  }
+  void Sample(std::string_view name, std::string_view labels, uint64_t value) {
+    char num[32];
+    std::snprintf(num, sizeof num, "%" PRIu64, value);
+    Sample(name, labels, std::string_view(num));
+  }
+  void Sample(std::string_view name, std::string_view labels, std::string_view value) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += '{';
+      out_ += labels;
+      out_ += '}';
+    }
+    out_ += ' ';
+    out_ += value;
+    out_ += '\n';
+  }
+
+ private:
+  std::string& out_;
+};
+
+std::string MethodLabel(const internal::MethodStats& m) {
+  return "method=\"" + EscapeLabelValue(m.name) + "\"";
+}
+
+void RenderMethods(Writer& w, std::string_view side, const internal::MethodTable& table,
+                   bool with_bytes) {
+  const auto methods = table.All();
+  if (methods.empty()) return;
+  const std::string p = "rdmarpc_" + std::string(side) + "_";
+  const char* who = side == "server" ? "handled by this server" : "made by this process";
+
+  w.Family(p + "started_total", "counter", std::string("Calls started, ") + who + ".");
+  for (const auto* m : methods) w.Sample(p + "started_total", MethodLabel(*m), m->started.load());
+
+  w.Family(p + "handled_total", "counter",
+           std::string("Calls finished, by status code, ") + who + ".");
+  for (const auto* m : methods) {
+    for (size_t c = 0; c < internal::MethodStats::kCodes; ++c) {
+      const uint64_t n = m->handled[c].load(std::memory_order_relaxed);
+      if (n == 0) continue;
+      w.Sample(p + "handled_total",
+               MethodLabel(*m) + ",code=\"" + StatusCodeName(static_cast<StatusCode>(c)) + "\"",
+               n);
+    }
+  }
+
+  w.Family(p + "in_flight", "gauge", "Calls started and not yet finished.");
+  for (const auto* m : methods) {
+    w.Sample(p + "in_flight", MethodLabel(*m),
+             static_cast<double>(m->in_flight.load(std::memory_order_relaxed)));
+  }
+
+  w.Family(p + "handling_seconds", "histogram",
+           "Time from the call's start to its end (server: from the interceptors to the reply; "
+           "client: from the call to its result).");
+  for (const auto* m : methods) {
+    const std::string label = MethodLabel(*m);
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < internal::MethodStats::kBucketCount; ++b) {
+      cumulative += m->latency_buckets[b].load(std::memory_order_relaxed);
+      char le[32];
+      if (b + 1 < internal::MethodStats::kBucketCount) {
+        std::snprintf(le, sizeof le, "%g", internal::MethodStats::kBuckets[b]);
+      } else {
+        std::snprintf(le, sizeof le, "+Inf");
+      }
+      w.Sample(p + "handling_seconds_bucket", label + ",le=\"" + le + "\"", cumulative);
+    }
+    w.Sample(p + "handling_seconds_sum", label,
+             static_cast<double>(m->latency_nanos.load(std::memory_order_relaxed)) / 1e9);
+    // The count is the +Inf bucket's, so that the two agree in every scrape.
+    w.Sample(p + "handling_seconds_count", label, cumulative);
+  }
+
+  if (!with_bytes) return;
+  w.Family(p + "received_bytes_total", "counter",
+           "Serialized message bytes received: requests and client-stream messages read.");
+  for (const auto* m : methods) {
+    w.Sample(p + "received_bytes_total", MethodLabel(*m), m->bytes_received.load());
+  }
+  w.Family(p + "sent_bytes_total", "counter",
+           "Serialized message bytes sent: replies and server-stream messages.");
+  for (const auto* m : methods) {
+    w.Sample(p + "sent_bytes_total", MethodLabel(*m), m->bytes_sent.load());
+  }
+}
+
+void RenderTransport(Writer& w) {
+  using transport::Get;
+  using transport::Stat;
+  const transport::StatValues v = transport::Snapshot();
+  const auto open = [&](Stat opened, Stat closed) {
+    return static_cast<double>(Get(v, opened)) - static_cast<double>(Get(v, closed));
+  };
+  w.Family("rdmarpc_transport_connections", "gauge",
+           "Connections open in this process (accepted and connected), by transport.");
+  w.Sample("rdmarpc_transport_connections", "transport=\"tcp\"",
+           open(Stat::kTcpConnectionsOpened, Stat::kTcpConnectionsClosed));
+  w.Sample("rdmarpc_transport_connections", "transport=\"rdma\"",
+           open(Stat::kRdmaConnectionsOpened, Stat::kRdmaConnectionsClosed));
+  w.Family("rdmarpc_transport_connections_opened_total", "counter",
+           "Connections opened in this process, by transport.");
+  w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"tcp\"",
+           Get(v, Stat::kTcpConnectionsOpened));
+  w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"rdma\"",
+           Get(v, Stat::kRdmaConnectionsOpened));
+
+  w.Family("rdmarpc_rdma_ring_used_bytes", "gauge",
+           "Bytes this process's RDMA connections have written into their peers' receive rings "
+           "and not yet had credited back (ring occupancy, summed over connections).");
+  w.Sample("rdmarpc_rdma_ring_used_bytes", "",
+           open(Stat::kRdmaRingBytesWritten, Stat::kRdmaRingBytesCredited));
+  w.Family("rdmarpc_rdma_credit_stalls_total", "counter",
+           "Messages that found no ring credit or send-queue room and waited for it.");
+  w.Sample("rdmarpc_rdma_credit_stalls_total", "", Get(v, Stat::kRdmaCreditStalls));
+  w.Family("rdmarpc_rdma_cq_polls_total", "counter", "ibv_poll_cq calls.");
+  w.Sample("rdmarpc_rdma_cq_polls_total", "", Get(v, Stat::kRdmaCqPolls));
+  w.Family("rdmarpc_rdma_completions_total", "counter", "RDMA work completions taken.");
+  w.Sample("rdmarpc_rdma_completions_total", "", Get(v, Stat::kRdmaCompletions));
+  w.Family("rdmarpc_rdma_wakeups_total", "counter",
+           "Wake-ups from sleeping on a completion channel (completions per wake-up: "
+           "rate(rdmarpc_rdma_completions_total) / rate(rdmarpc_rdma_wakeups_total)).");
+  w.Sample("rdmarpc_rdma_wakeups_total", "", Get(v, Stat::kRdmaWakeups));
+  w.Family("rdmarpc_rdma_poll_seconds_total", "counter",
+           "Time I/O threads spent polling completion queues: busy (busy_poll) or spin "
+           "(adaptive polling's window).");
+  w.Sample("rdmarpc_rdma_poll_seconds_total", "mode=\"busy\"",
+           static_cast<double>(Get(v, Stat::kRdmaBusyPollNanos)) / 1e9);
+  w.Sample("rdmarpc_rdma_poll_seconds_total", "mode=\"spin\"",
+           static_cast<double>(Get(v, Stat::kRdmaSpinNanos)) / 1e9);
+  w.Family("rdmarpc_rdma_sleep_seconds_total", "counter",
+           "Time I/O threads spent asleep on a completion channel.");
+  w.Sample("rdmarpc_rdma_sleep_seconds_total", "",
+           static_cast<double>(Get(v, Stat::kRdmaSleepNanos)) / 1e9);
+}
+
+}  // namespace
+
+std::string EscapeLabelValue(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+Metrics::Metrics() = default;
+Metrics::~Metrics() = default;
+
+std::shared_ptr<ServerInterceptor> Metrics::server_interceptor() {
+  return std::make_shared<ServerMetricsInterceptor>(shared_from_this());
+}
+
+std::shared_ptr<ClientInterceptor> Metrics::client_interceptor() {
+  return std::make_shared<ClientMetricsInterceptor>(shared_from_this());
+}
+
+void Metrics::Watch(const Server& server) {
+  std::lock_guard lock(mu_);
+  server_watched_ = &server;
+}
+
+void Metrics::AddGauge(std::string name, std::string help, std::function<double()> value,
+                       bool counter) {
+  std::lock_guard lock(mu_);
+  custom_.push_back({std::move(name), std::move(help), std::move(value), counter});
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  Writer w(out);
+  RenderMethods(w, "server", server_, /*with_bytes=*/true);
+  RenderMethods(w, "client", client_, /*with_bytes=*/false);
+  std::lock_guard lock(mu_);
+  if (server_watched_) {
+    w.Family("rdmarpc_server_connections", "gauge", "Client connections this server serves.");
+    w.Sample("rdmarpc_server_connections", "",
+             static_cast<double>(server_watched_->connections()));
+    w.Family("rdmarpc_server_calls_in_flight", "gauge", "Calls this server is handling.");
+    w.Sample("rdmarpc_server_calls_in_flight", "",
+             static_cast<double>(server_watched_->in_flight_calls()));
+    w.Family("rdmarpc_server_throttle_events_total", "counter",
+             "Times a connection went over its memory budget and was paused.");
+    w.Sample("rdmarpc_server_throttle_events_total", "",
+             static_cast<uint64_t>(server_watched_->throttle_events()));
+  }
+  RenderTransport(w);
+  for (const Custom& c : custom_) {
+    w.Family(c.name, c.counter ? "counter" : "gauge", c.help);
+    w.Sample(c.name, "", c.value());
+  }
+  return out;
+}
+
+}  // namespace rdmarpc

@@ -1,0 +1,46 @@
+// Process-wide transport counters for monitoring (rpc/metrics.h exports them): connections,
+// RDMA ring occupancy, credit stalls, completion-queue polling and the time I/O threads spend
+// polling or sleeping.
+//
+// Cost: each thread writes its own block of counters (relaxed load + store, no locked
+// instruction, no shared cache line), so counting on the data path is a few instructions.
+// Snapshot() sums the blocks of the live threads and what exited threads left behind; it takes
+// a mutex and is for scrapes, not for the data path.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmarpc::transport {
+
+enum class Stat : int {
+  kTcpConnectionsOpened,  // connection objects created (accepted or connected)
+  kTcpConnectionsClosed,  // ... and destroyed
+  kRdmaConnectionsOpened,
+  kRdmaConnectionsClosed,
+  // Bytes reserved in peers' receive rings (records written, wrap-around padding included) and
+  // bytes the peers credited back: their difference is the rings' current occupancy.
+  kRdmaRingBytesWritten,
+  kRdmaRingBytesCredited,
+  kRdmaCreditStalls,  // messages that found no ring credit (or send-queue room) and waited
+  kRdmaCqPolls,       // ibv_poll_cq calls
+  kRdmaCompletions,   // work completions taken
+  kRdmaWakeups,       // returns from sleeping on a completion channel
+  kRdmaBusyPollNanos,  // time spent busy-polling (Options::busy_poll)
+  kRdmaSpinNanos,      // time spent in the adaptive polling window (Options::poll_spin_us)
+  kRdmaSleepNanos,     // time spent waiting on the completion channel
+  kCount
+};
+
+using StatValues = std::array<uint64_t, static_cast<size_t>(Stat::kCount)>;
+
+// Adds `n` to this thread's counter `s`. Any thread.
+void Count(Stat s, uint64_t n = 1);
+
+// Every counter summed over all threads, past and present. Any thread.
+StatValues Snapshot();
+
+inline uint64_t Get(const StatValues& v, Stat s) { return v[static_cast<size_t>(s)]; }
+
+}  // namespace rdmarpc::transport
