@@ -838,12 +838,29 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (!waiting_.empty()) WakeWaiters();
   }
 
+  // The slot of a call the server may still answer: `call_id` (generation << 32 | index) names
+  // a slot in range, in use, sent, of the same generation. Null for late replies and forged ids.
+  Slot* SentSlot(uint64_t call_id, uint32_t* index) {
+    *index = static_cast<uint32_t>(call_id);
+    if (*index >= slots_.size()) return nullptr;
+    Slot& s = *slots_[*index];
+    if (!s.active || !s.sent || s.generation != static_cast<uint32_t>(call_id >> 32)) {
+      return nullptr;
+    }
+    return &s;
+  }
+  // The same for a stream the server has not ended yet (its STREAM_MESSAGE and WINDOW frames).
+  Slot* OpenStreamSlot(uint64_t call_id, uint32_t* index) {
+    Slot* s = SentSlot(call_id, index);
+    return s && s->streaming && !s->server_done ? s : nullptr;
+  }
+
   void OnResponse(const DecodedFrame& f) {
-    const uint32_t index = static_cast<uint32_t>(f.header.call_id);
-    const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
-    if (index >= slots_.size()) return;
-    Slot& s = *slots_[index];
-    if (s.active && s.sent && s.streaming && s.generation == gen && !s.server_done) {
+    uint32_t index = 0;
+    Slot* found = SentSlot(f.header.call_id, &index);
+    if (!found) return;  // late reply
+    Slot& s = *found;
+    if (s.streaming && !s.server_done) {
       // The end of a stream: its status. A reader that stopped early keeps its own.
       s.server_done = true;
       if (s.abandoned) {
@@ -866,7 +883,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       Resume(s);
       return;
     }
-    if (!s.active || !s.sent || s.done || s.generation != gen) return;  // late reply
+    if (s.done) return;  // late reply
     if (s.abandoned) {
       FreeSlot(index);  // the server is done with it too: it no longer counts
       return;
@@ -890,11 +907,10 @@ class ChannelCore final : public transport::ConnectionHandler,
   // One message of a stream, kept until the reader takes it. A server that sends past the
   // stream's window (it had no credit left when it sent this) breaks the protocol.
   void OnStreamMessage(const DecodedFrame& f) {
-    const uint32_t index = static_cast<uint32_t>(f.header.call_id);
-    const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
-    if (index >= slots_.size()) return;
-    Slot& s = *slots_[index];
-    if (!s.active || !s.sent || !s.streaming || s.generation != gen || s.server_done) return;
+    uint32_t index = 0;
+    Slot* found = OpenStreamSlot(f.header.call_id, &index);
+    if (!found) return;
+    Slot& s = *found;
     if (s.abandoned || s.done) return;  // the reader stopped; our CANCEL is on its way
     if (s.buffered + s.unreported >= kStreamWindowBytes) {
       LoseConnection("server sent past a stream's flow-control window");
@@ -912,13 +928,11 @@ class ChannelCore final : public transport::ConnectionHandler,
       LoseConnection("server sent a malformed WINDOW frame");
       return;
     }
-    const uint32_t index = static_cast<uint32_t>(f.header.call_id);
-    const uint32_t gen = static_cast<uint32_t>(f.header.call_id >> 32);
-    if (index >= slots_.size()) return;
-    Slot& s = *slots_[index];
-    if (!s.active || !s.sent || !s.streaming || s.generation != gen || s.server_done) return;
-    s.send_credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
-    ResumeWaiter(s, &Slot::write_resume);
+    uint32_t index = 0;
+    Slot* s = OpenStreamSlot(f.header.call_id, &index);
+    if (!s) return;
+    s->send_credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
+    ResumeWaiter(*s, &Slot::write_resume);
   }
 
   // The largest message we may send: the smaller of our transport's limit and the server's.

@@ -184,8 +184,7 @@ void RenderMethods(Writer& w, std::string_view side, const internal::MethodTable
       const uint64_t n = m->handled[c].load(std::memory_order_relaxed);
       if (n == 0) continue;
       w.Sample(p + "handled_total",
-               MethodLabel(*m) + ",code=\"" + StatusCodeName(static_cast<StatusCode>(c)) + "\"",
-               n);
+               MethodLabel(*m) + ",code=\"" + StatusCodeName(static_cast<StatusCode>(c)) + "\"", n);
     }
   }
 
@@ -328,8 +327,7 @@ std::string Metrics::Render() const {
   std::lock_guard lock(mu_);
   if (server_watched_) {
     w.Family("rdmarpc_server_connections", "gauge", "Client connections this server serves.");
-    w.Sample("rdmarpc_server_connections", "",
-             static_cast<double>(server_watched_->connections()));
+    w.Sample("rdmarpc_server_connections", "", static_cast<double>(server_watched_->connections()));
     w.Family("rdmarpc_server_calls_in_flight", "gauge", "Calls this server is handling.");
     w.Sample("rdmarpc_server_calls_in_flight", "",
              static_cast<double>(server_watched_->in_flight_calls()));

@@ -38,10 +38,9 @@ namespace internal {
 struct MethodStats {
   // Upper bounds (seconds) of the latency histogram's buckets; +Inf is implied.
   // Microseconds matter here: an RDMA call is served in a few.
-  static constexpr double kBuckets[] = {1e-6,   2.5e-6, 5e-6,   10e-6,  25e-6, 50e-6, 100e-6,
-                                        250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3,  10e-3, 25e-3,
-                                        50e-3,  100e-3, 250e-3, 500e-3, 1.0,   2.5,   5.0,
-                                        10.0};
+  static constexpr double kBuckets[] = {1e-6,   2.5e-6, 5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6,
+                                        500e-6, 1e-3,   2.5e-3, 5e-3,  10e-3, 25e-3, 50e-3,  100e-3,
+                                        250e-3, 500e-3, 1.0,    2.5,   5.0,   10.0};
   static constexpr size_t kBucketCount = sizeof(kBuckets) / sizeof(kBuckets[0]) + 1;
   static constexpr size_t kCodes = 17;  // StatusCode 0..16
 

@@ -1,10 +1,10 @@
 // The samples' and tools' flag parsing (tools/common/flags.h, on Boost.Program_options): what a
 // user types and the one-line errors the programs print for it.
+#include "tools/common/flags.h"
+
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "tools/common/flags.h"
 
 using rdmarpc::cmdline::Flags;
 

@@ -23,10 +23,10 @@ enum class Stat : int {
   // bytes the peers credited back: their difference is the rings' current occupancy.
   kRdmaRingBytesWritten,
   kRdmaRingBytesCredited,
-  kRdmaCreditStalls,  // messages that found no ring credit (or send-queue room) and waited
-  kRdmaCqPolls,       // ibv_poll_cq calls
-  kRdmaCompletions,   // work completions taken
-  kRdmaWakeups,       // returns from sleeping on a completion channel
+  kRdmaCreditStalls,   // messages that found no ring credit (or send-queue room) and waited
+  kRdmaCqPolls,        // ibv_poll_cq calls
+  kRdmaCompletions,    // work completions taken
+  kRdmaWakeups,        // returns from sleeping on a completion channel
   kRdmaBusyPollNanos,  // time spent busy-polling (Options::busy_poll)
   kRdmaSpinNanos,      // time spent in the adaptive polling window (Options::poll_spin_us)
   kRdmaSleepNanos,     // time spent waiting on the completion channel
