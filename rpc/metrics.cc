@@ -13,7 +13,6 @@ namespace internal {
 
 void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
                            uint64_t bytes_out) {
-  in_flight.fetch_sub(1, std::memory_order_relaxed);
   const auto c = static_cast<size_t>(code);
   handled[c < kCodes ? c : static_cast<size_t>(StatusCode::kUnknown)].fetch_add(
       1, std::memory_order_relaxed);
@@ -190,8 +189,13 @@ void RenderMethods(Writer& w, std::string_view side, const internal::MethodTable
 
   w.Family(p + "in_flight", "gauge", "Calls started and not yet finished.");
   for (const auto* m : methods) {
+    // Finished first, then started: a call counts as started before it can finish, so read in
+    // this order the difference is not negative (the clamp covers reordering across threads).
+    uint64_t finished = 0;
+    for (const auto& h : m->handled) finished += h.load();
+    const uint64_t started = m->started.load();
     w.Sample(p + "in_flight", MethodLabel(*m),
-             static_cast<double>(m->in_flight.load(std::memory_order_relaxed)));
+             static_cast<double>(started > finished ? started - finished : 0));
   }
 
   w.Family(p + "handling_seconds", "histogram",

@@ -45,16 +45,13 @@ struct MethodStats {
   static constexpr size_t kCodes = 17;  // StatusCode 0..16
 
   explicit MethodStats(std::string_view method) : name(method) {}
-  void Started() {
-    started.fetch_add(1, std::memory_order_relaxed);
-    in_flight.fetch_add(1, std::memory_order_relaxed);
-  }
+  void Started() { started.fetch_add(1, std::memory_order_relaxed); }
   void Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
                 uint64_t bytes_out);
 
   const std::string name;
+  // Calls in flight are not kept: they are started minus the sum of handled (Render).
   std::atomic<uint64_t> started{0};
-  std::atomic<int64_t> in_flight{0};
   std::atomic<uint64_t> handled[kCodes]{};
   std::atomic<uint64_t> latency_buckets[kBucketCount]{};  // not cumulative; Render sums them
   std::atomic<uint64_t> latency_nanos{0};

@@ -149,22 +149,15 @@ int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
     std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
     return 2;
   }
-  const auto metrics = std::make_shared<rdmarpc::Metrics>();
-  if (flags.has("metrics")) options.interceptors.push_back(metrics->server_interceptor());
+  // Recorded, never served: --metrics measures what recording costs.
+  if (flags.has("metrics")) {
+    options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->server_interceptor());
+  }
   rdmarpc::Server server(options);
-  metrics->Watch(server);
   if (!server.AddService(service).ok()) return 1;
   auto uris = flags.all("listen");
   if (uris.empty()) uris.push_back("tcp://127.0.0.1:7490");
-  for (const auto& uri : uris) {
-    auto bound = server.Listen(uri);
-    if (!bound.ok()) {
-      std::cerr << "rdmarpc_bench: cannot listen on " << uri << ": " << bound.status().message()
-                << "\n";
-      return 1;
-    }
-    std::cout << "listening on " << *bound << std::endl;
-  }
+  if (!rdmarpc::cmdline::ListenAll(server, uris, "rdmarpc_bench")) return 1;
   // Diagnostics for memory questions (docs/RELIABILITY.md, "Soak"): with
   // RDMARPC_BENCH_HEAP_LOG=1, print resident memory, the allocator's bytes in use and the calls
   // in flight every half second.
@@ -559,8 +552,9 @@ int main(int argc, char** argv) {
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
-  const auto metrics = std::make_shared<rdmarpc::Metrics>();
-  if (flags.has("metrics")) cfg.options.interceptors.push_back(metrics->client_interceptor());
+  if (flags.has("metrics")) {
+    cfg.options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->client_interceptor());
+  }
   rdmarpc::cmdline::ApplyPollingFlags(flags, cfg.options.transport);
   cfg.options.transport.connect_timeout_ms = static_cast<int>(
       flags.get_int("connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));

@@ -76,24 +76,31 @@ inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o)
   return metrics;
 }
 
-// The sample servers' main loop: listens on every URI in order, printing "listening on URI"
-// for each (and calling on_bound with it), serves `metrics` on --metrics-listen (printing
-// "metrics on http://ADDR/metrics"), then runs `server` until SIGINT/SIGTERM and its drain.
-// Returns the exit code: 0 after a clean shutdown, 1 (with the reason on stderr, prefixed by
-// `program`) when an address cannot be served.
-inline int ListenAndRun(Server& server, const std::vector<std::string>& uris, const Flags& flags,
-                        const std::shared_ptr<Metrics>& metrics, const char* program,
-                        const std::function<void(const std::string&)>& on_bound = {}) {
+// Listens on every URI in order, printing "listening on URI" for each (and calling on_bound
+// with it). False, with the reason on stderr prefixed by `program`, when one cannot be served.
+inline bool ListenAll(Server& server, const std::vector<std::string>& uris, const char* program,
+                      const std::function<void(const std::string&)>& on_bound = {}) {
   for (const auto& uri : uris) {
     auto bound = server.Listen(uri);
     if (!bound.ok()) {
       std::cerr << program << ": cannot listen on " << uri << ": " << bound.status().message()
                 << "\n";
-      return 1;
+      return false;
     }
     if (on_bound) on_bound(*bound);
     std::cout << "listening on " << *bound << std::endl;
   }
+  return true;
+}
+
+// The sample servers' main loop: ListenAll, then serves `metrics` on --metrics-listen
+// (printing "metrics on http://ADDR/metrics"), then runs `server` until SIGINT/SIGTERM and its
+// drain. Returns the exit code: 0 after a clean shutdown, 1 (with the reason on stderr,
+// prefixed by `program`) when an address cannot be served.
+inline int ListenAndRun(Server& server, const std::vector<std::string>& uris, const Flags& flags,
+                        const std::shared_ptr<Metrics>& metrics, const char* program,
+                        const std::function<void(const std::string&)>& on_bound = {}) {
+  if (!ListenAll(server, uris, program, on_bound)) return 1;
   // Declared after the server's set-up and destroyed before the server: it reads its gauges.
   std::unique_ptr<MetricsEndpoint> endpoint;
   if (metrics) {

@@ -503,12 +503,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Takes up to kPollBudget completions from `cq` and returns how many: kPollBudget means some
   // may be left.
   uint32_t Poll(ibv_cq* cq);
-  // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   // Adds the time since mark_ to `s` and moves mark_ to `now`.
   void CountTime(Stat s, std::chrono::steady_clock::time_point now) {
     Count(s, static_cast<uint64_t>(std::chrono::nanoseconds(now - mark_).count()));
     mark_ = now;
   }
+  // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll() {
     uint32_t taken = 0;
     for (auto& slot : cqs_) taken += Poll(slot->cq.get());
