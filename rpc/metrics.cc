@@ -16,9 +16,10 @@ void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, ui
   const auto c = static_cast<size_t>(code);
   handled[c < kCodes ? c : static_cast<size_t>(StatusCode::kUnknown)].fetch_add(
       1, std::memory_order_relaxed);
-  const double seconds = std::chrono::duration<double>(elapsed).count();
-  const size_t bucket =
-      std::lower_bound(std::begin(kBuckets), std::end(kBuckets), seconds) - std::begin(kBuckets);
+  // The first bucket whose bound is at least `elapsed` (Prometheus' "le"); past the last: +Inf.
+  const int64_t ns = elapsed.count();
+  size_t bucket = 0;
+  while (bucket < kBucketNanos.size() && ns > kBucketNanos[bucket]) ++bucket;
   latency_buckets[bucket].fetch_add(1, std::memory_order_relaxed);
   latency_nanos.fetch_add(static_cast<uint64_t>(std::max<int64_t>(elapsed.count(), 0)),
                           std::memory_order_relaxed);

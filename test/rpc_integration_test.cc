@@ -903,6 +903,26 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   CHECK(value("rdmarpc_server_handling_seconds_sum" + m("Sleep") + "}") >= 0.5);
 }
 
+TEST_CASE("a latency falls in the first histogram bucket whose bound is at least it", "[metrics]") {
+  auto metrics = std::make_shared<Metrics>();
+  auto& m = metrics->server_methods().Get("/x.Y/Z");
+  for (int64_t ns : {1000LL, 1001LL, 2500LL, 10'000'000'000LL, 10'000'000'001LL}) {
+    m.Started();
+    m.Finished(StatusCode::kOk, std::chrono::nanoseconds(ns), 0, 0);
+  }
+  const std::string text = metrics->Render();
+  const auto bucket = [&](const char* le) {
+    return SampleValue(text, std::string("rdmarpc_server_handling_seconds_bucket{method=\"/x.Y/"
+                                         "Z\",le=\"") +
+                                 le + "\"}");
+  };
+  CHECK(bucket("1e-06") == 1);    // 1000 ns: le is inclusive
+  CHECK(bucket("2.5e-06") == 3);  // 1001 and 2500 ns
+  CHECK(bucket("5e-06") == 3);
+  CHECK(bucket("10") == 4);  // 10 s exactly
+  CHECK(bucket("+Inf") == 5);
+}
+
 TEST_CASE("metric label values and help text are escaped", "[metrics]") {
   CHECK(EscapeLabelValue("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
   auto metrics = std::make_shared<Metrics>();
