@@ -12,7 +12,8 @@ namespace rdmarpc {
 
 class ServerContext;
 
-// Options for one call. Copyable value; `{}` means no deadline and no metadata.
+// Options for one call. Copyable value; `{}` means no deadline and no metadata. (A new field
+// must also be copied where the channel copies options for its interceptors, in channel.cc.)
 struct CallOptions {
   // Time allowed for the whole call; zero or negative means no deadline. When it passes, the
   // call fails with DEADLINE_EXCEEDED and the server is told to stop working on it.

@@ -1,6 +1,7 @@
 #include "rpc/metrics.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cinttypes>
 #include <cstdio>
 
@@ -10,21 +11,137 @@
 
 namespace rdmarpc {
 namespace internal {
+namespace {
+
+// Which shard slots are taken. Leaked on purpose: threads may exit (and give their slot back)
+// during static destruction.
+struct ShardSlots {
+  std::mutex mu;
+  std::bitset<kShards> taken;
+};
+ShardSlots& shard_slots() {
+  static auto* s = new ShardSlots;
+  return *s;
+}
+
+constexpr size_t kNoSlot = kShards + 1;
+// The thread's slot: kNoSlot until it first records; kShards (shared) when none was free or
+// after the thread gave its slot back on exit. Trivial, so reading it is a plain TLS load.
+thread_local size_t t_slot = kNoSlot;
+
+// Gives the thread's slot back when the thread exits. The mutex orders the last writes of this
+// thread before the first of the slot's next owner.
+struct SlotRelease {
+  size_t slot = kShards;
+  ~SlotRelease() {
+    if (slot < kShards) {
+      ShardSlots& s = shard_slots();
+      std::lock_guard lock(s.mu);
+      s.taken.reset(slot);
+    }
+    t_slot = kShards;  // anything recorded later on this thread goes to the shared slot
+  }
+};
+thread_local SlotRelease t_release;
+
+size_t ClaimSlot() {
+  ShardSlots& s = shard_slots();
+  size_t slot = kShards;
+  {
+    std::lock_guard lock(s.mu);
+    for (size_t i = 0; i < kShards; ++i) {
+      if (!s.taken[i]) {
+        s.taken.set(i);
+        slot = i;
+        break;
+      }
+    }
+  }
+  t_release.slot = slot;  // first use constructs it, which arranges its destructor
+  t_slot = slot;
+  return slot;
+}
+
+inline size_t ThisThreadSlot() {
+  const size_t slot = t_slot;
+  return slot != kNoSlot ? slot : ClaimSlot();
+}
+
+// Adds `n` to `c`: a plain load and store for the slot's one writer, fetch_add in the shared one.
+inline void Add(std::atomic<uint64_t>& c, uint64_t n, bool shared) {
+  if (shared) {
+    c.fetch_add(n, std::memory_order_relaxed);
+  } else {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
+MethodStats::~MethodStats() {
+  for (auto& s : shards_) delete s.load(std::memory_order_relaxed);
+}
+
+MethodStats::Shard& MethodStats::MakeShard(size_t slot) {
+  Shard* s = nullptr;
+  auto* made = new Shard;
+  // Only the shared slot can race here; an owned slot has one writer.
+  if (shards_[slot].compare_exchange_strong(s, made, std::memory_order_acq_rel)) return *made;
+  delete made;
+  return *s;
+}
+
+namespace {
+// One finished call into shard `s`; kShared: the shared slot (atomic increments).
+template <bool kShared>
+void Record(MethodStats::Shard& s, size_t code, size_t bucket, uint64_t ns, uint64_t bytes_in,
+            uint64_t bytes_out) {
+  Add(s.handled[code], 1, kShared);
+  Add(s.latency_buckets[bucket], 1, kShared);
+  Add(s.latency_nanos, ns, kShared);
+  if (bytes_in) Add(s.bytes_received, bytes_in, kShared);
+  if (bytes_out) Add(s.bytes_sent, bytes_out, kShared);
+}
+}  // namespace
+
+void MethodStats::Started() {
+  const size_t slot = ThisThreadSlot();
+  Add(ShardAt(slot).started, 1, slot == kShards);
+}
 
 void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
                            uint64_t bytes_out) {
+  const size_t slot = ThisThreadSlot();
+  Shard& s = ShardAt(slot);
   const auto c = static_cast<size_t>(code);
-  handled[c < kCodes ? c : static_cast<size_t>(StatusCode::kUnknown)].fetch_add(
-      1, std::memory_order_relaxed);
-  // The first bucket whose bound is at least `elapsed` (Prometheus' "le"); past the last: +Inf.
-  const int64_t ns = elapsed.count();
-  size_t bucket = 0;
-  while (bucket < kBucketNanos.size() && ns > kBucketNanos[bucket]) ++bucket;
-  latency_buckets[bucket].fetch_add(1, std::memory_order_relaxed);
-  latency_nanos.fetch_add(static_cast<uint64_t>(std::max<int64_t>(elapsed.count(), 0)),
-                          std::memory_order_relaxed);
-  if (bytes_in) bytes_received.fetch_add(bytes_in, std::memory_order_relaxed);
-  if (bytes_out) bytes_sent.fetch_add(bytes_out, std::memory_order_relaxed);
+  const size_t code_index = c < kCodes ? c : static_cast<size_t>(StatusCode::kUnknown);
+  const int64_t ns = std::max<int64_t>(elapsed.count(), 0);
+  const size_t bucket = Bucket(ns);
+  if (slot != kShards) {
+    Record<false>(s, code_index, bucket, static_cast<uint64_t>(ns), bytes_in, bytes_out);
+  } else {
+    Record<true>(s, code_index, bucket, static_cast<uint64_t>(ns), bytes_in, bytes_out);
+  }
+}
+
+MethodStats::Totals MethodStats::Sum() const {
+  Totals t;
+  constexpr auto relaxed = std::memory_order_relaxed;
+  for (const auto& slot : shards_) {
+    const Shard* s = slot.load(std::memory_order_acquire);
+    if (!s) continue;
+    for (size_t c = 0; c < kCodes; ++c) t.handled[c] += s->handled[c].load(relaxed);
+    for (size_t b = 0; b < kBucketCount; ++b)
+      t.latency_buckets[b] += s->latency_buckets[b].load(relaxed);
+    t.latency_nanos += s->latency_nanos.load(relaxed);
+    t.bytes_received += s->bytes_received.load(relaxed);
+    t.bytes_sent += s->bytes_sent.load(relaxed);
+  }
+  for (const auto& slot : shards_) {  // after every handled count (see the header)
+    if (const Shard* s = slot.load(std::memory_order_acquire))
+      t.started += s->started.load(relaxed);
+  }
+  return t;
 }
 
 MethodTable::~MethodTable() {
@@ -163,75 +280,71 @@ class Writer {
   std::string& out_;
 };
 
-std::string MethodLabel(const internal::MethodStats& m) {
-  return "method=\"" + EscapeLabelValue(m.name) + "\"";
-}
-
 void RenderMethods(Writer& w, std::string_view side, const internal::MethodTable& table,
                    bool with_bytes) {
-  const auto methods = table.All();
-  if (methods.empty()) return;
+  // One consistent sum per method, and its label, for every family below.
+  struct Row {
+    std::string label;
+    internal::MethodStats::Totals t;
+  };
+  std::vector<Row> rows;
+  for (const auto* m : table.All()) {
+    rows.push_back({"method=\"" + EscapeLabelValue(m->name) + "\"", m->Sum()});
+  }
+  if (rows.empty()) return;
   const std::string p = "rdmarpc_" + std::string(side) + "_";
   const char* who = side == "server" ? "handled by this server" : "made by this process";
 
   w.Family(p + "started_total", "counter", std::string("Calls started, ") + who + ".");
-  for (const auto* m : methods) w.Sample(p + "started_total", MethodLabel(*m), m->started.load());
+  for (const Row& r : rows) w.Sample(p + "started_total", r.label, r.t.started);
 
   w.Family(p + "handled_total", "counter",
            std::string("Calls finished, by status code, ") + who + ".");
-  for (const auto* m : methods) {
+  for (const Row& r : rows) {
     for (size_t c = 0; c < internal::MethodStats::kCodes; ++c) {
-      const uint64_t n = m->handled[c].load(std::memory_order_relaxed);
-      if (n == 0) continue;
+      if (r.t.handled[c] == 0) continue;
       w.Sample(p + "handled_total",
-               MethodLabel(*m) + ",code=\"" + StatusCodeName(static_cast<StatusCode>(c)) + "\"", n);
+               r.label + ",code=\"" + StatusCodeName(static_cast<StatusCode>(c)) + "\"",
+               r.t.handled[c]);
     }
   }
 
   w.Family(p + "in_flight", "gauge", "Calls started and not yet finished.");
-  for (const auto* m : methods) {
-    // Finished first, then started: a call counts as started before it can finish, so read in
-    // this order the difference is not negative (the clamp covers reordering across threads).
+  for (const Row& r : rows) {
+    // Sum read the handled counts first: the clamp only covers reordering across threads.
     uint64_t finished = 0;
-    for (const auto& h : m->handled) finished += h.load();
-    const uint64_t started = m->started.load();
-    w.Sample(p + "in_flight", MethodLabel(*m),
-             static_cast<double>(started > finished ? started - finished : 0));
+    for (uint64_t h : r.t.handled) finished += h;
+    w.Sample(p + "in_flight", r.label,
+             static_cast<double>(r.t.started > finished ? r.t.started - finished : 0));
   }
 
   w.Family(p + "handling_seconds", "histogram",
            "Time from the call's start to its end (server: from the interceptors to the reply; "
            "client: from the call to its result).");
-  for (const auto* m : methods) {
-    const std::string label = MethodLabel(*m);
+  for (const Row& r : rows) {
     uint64_t cumulative = 0;
     for (size_t b = 0; b < internal::MethodStats::kBucketCount; ++b) {
-      cumulative += m->latency_buckets[b].load(std::memory_order_relaxed);
+      cumulative += r.t.latency_buckets[b];
       char le[32];
       if (b + 1 < internal::MethodStats::kBucketCount) {
         std::snprintf(le, sizeof le, "%g", internal::MethodStats::kBuckets[b]);
       } else {
         std::snprintf(le, sizeof le, "+Inf");
       }
-      w.Sample(p + "handling_seconds_bucket", label + ",le=\"" + le + "\"", cumulative);
+      w.Sample(p + "handling_seconds_bucket", r.label + ",le=\"" + le + "\"", cumulative);
     }
-    w.Sample(p + "handling_seconds_sum", label,
-             static_cast<double>(m->latency_nanos.load(std::memory_order_relaxed)) / 1e9);
+    w.Sample(p + "handling_seconds_sum", r.label, static_cast<double>(r.t.latency_nanos) / 1e9);
     // The count is the +Inf bucket's, so that the two agree in every scrape.
-    w.Sample(p + "handling_seconds_count", label, cumulative);
+    w.Sample(p + "handling_seconds_count", r.label, cumulative);
   }
 
   if (!with_bytes) return;
   w.Family(p + "received_bytes_total", "counter",
            "Serialized message bytes received: requests and client-stream messages read.");
-  for (const auto* m : methods) {
-    w.Sample(p + "received_bytes_total", MethodLabel(*m), m->bytes_received.load());
-  }
+  for (const Row& r : rows) w.Sample(p + "received_bytes_total", r.label, r.t.bytes_received);
   w.Family(p + "sent_bytes_total", "counter",
            "Serialized message bytes sent: replies and server-stream messages.");
-  for (const auto* m : methods) {
-    w.Sample(p + "sent_bytes_total", MethodLabel(*m), m->bytes_sent.load());
-  }
+  for (const Row& r : rows) w.Sample(p + "sent_bytes_total", r.label, r.t.bytes_sent);
 }
 
 void RenderTransport(Writer& w) {

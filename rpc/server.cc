@@ -618,12 +618,13 @@ class ServerConnection final : public transport::ConnectionHandler,
                                   MethodKindName(called_as)));
       return;
     }
-    const auto deadline = DeadlineFromBudget(f.header.timeout_us, ServerContext::Clock::now());
+    // One clock read serves the deadline and the interceptors' timing.
+    const auto now = ServerContext::Clock::now();
+    const auto deadline = DeadlineFromBudget(f.header.timeout_us, now);
     ServerContext context(peer_, entry->info.full_name, deadline, std::move(md));
     context.CountReceived(f.payload.size());
     const ServerInterceptors& interceptors = core_->options.interceptors;
-    const auto intercepted_at =
-        interceptors.empty() ? ServerContext::Clock::time_point() : ServerContext::Clock::now();
+    const auto intercepted_at = now;
     for (size_t i = 0; i < interceptors.size(); ++i) {
       if (Status s = interceptors[i]->OnStart(context); !s.ok()) {
         // Rejected: those that let it through hear how it ended; the handler never runs.

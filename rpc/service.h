@@ -203,10 +203,13 @@ class ServerCall {
     auto sink = std::move(sink_);
     if (!sink) return;
     if (interceptors_) {
-      const Status seen =
-          context_.cancelled() ? Status(StatusCode::kCancelled, "cancelled by the caller") : status;
+      // The Status is only built (and its text allocated) for a cancelled call.
+      std::optional<Status> cancelled;
+      if (context_.cancelled())
+        cancelled.emplace(StatusCode::kCancelled, "cancelled by the caller");
+      const Status& seen = cancelled ? *cancelled : status;
       const auto elapsed = std::chrono::steady_clock::now() - started_;
-      if (reply && status.ok() && !context_.cancelled()) context_.CountSent(reply->ByteSizeLong());
+      if (reply && status.ok() && !cancelled) context_.CountSent(reply->ByteSizeLong());
       for (auto it = interceptors_->rbegin(); it != interceptors_->rend(); ++it) {
         (*it)->OnFinish(context_, seen, elapsed);
       }
