@@ -360,12 +360,16 @@ void RenderTransport(Writer& w) {
            open(Stat::kTcpConnectionsOpened, Stat::kTcpConnectionsClosed));
   w.Sample("rdmarpc_transport_connections", "transport=\"rdma\"",
            open(Stat::kRdmaConnectionsOpened, Stat::kRdmaConnectionsClosed));
+  w.Sample("rdmarpc_transport_connections", "transport=\"inproc\"",
+           open(Stat::kInprocConnectionsOpened, Stat::kInprocConnectionsClosed));
   w.Family("rdmarpc_transport_connections_opened_total", "counter",
            "Connections opened in this process, by transport.");
   w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"tcp\"",
            Get(v, Stat::kTcpConnectionsOpened));
   w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"rdma\"",
            Get(v, Stat::kRdmaConnectionsOpened));
+  w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"inproc\"",
+           Get(v, Stat::kInprocConnectionsOpened));
 
   w.Family("rdmarpc_rdma_ring_used_bytes", "gauge",
            "Bytes this process's RDMA connections have written into their peers' receive rings "

@@ -1,9 +1,10 @@
-// Hostile and careless clients (issue 11), each case over every transport of ListenUris() (tcp on
-// the host; rdma in the Soft-RoCE VM suite): a client that stops reading its replies, a valid
-// request followed by garbage, deadline budgets that overflow the clock, calls abandoned at their
-// deadline while the server still runs them, requests over the server's size limit, idle
-// connections, and a server shut down while clients connect. The raw-socket attacks that measure
-// a server process's memory are in hostile_tcp_test.cc; raw verbs attacks in rdma_garbage_test.
+// Hostile and careless clients (issue 11), each case over every transport of ListenUrisInProcess()
+// (tcp and inproc on the host; rdma in the Soft-RoCE VM suite): a client that stops reading its
+// replies, a valid request followed by garbage, deadline budgets that overflow the clock, calls
+// abandoned at their deadline while the server still runs them, requests over the server's size
+// limit, idle connections, and a server shut down while clients connect. The raw-socket attacks
+// that measure a server process's memory are in hostile_tcp_test.cc; raw verbs attacks in
+// rdma_garbage_test.
 #include <signal.h>
 
 #include <atomic>
@@ -46,7 +47,7 @@ std::string EchoRequestFrame(uint64_t call_id, uint64_t timeout_us, const std::s
 
 TEST_CASE("a client that stops reading is throttled, not buffered without bound; it loses nothing",
           "[hostile][backpressure]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.max_buffered_bytes_per_connection = 256 * 1024;
   TestServer ts(listen, so);
@@ -98,7 +99,7 @@ TEST_CASE("a client that stops reading is throttled, not buffered without bound;
 
 TEST_CASE("a valid request followed by a malformed frame still gets its reply, then GOAWAY",
           "[hostile][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
     auto [conn, peer] = co_await RawConnect(ts.uri);
@@ -130,7 +131,7 @@ TEST_CASE("a valid request followed by a malformed frame still gets its reply, t
 
 TEST_CASE("deadline budgets too large for the clock mean no deadline, not one in the past",
           "[hostile][deadline]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   const uint64_t budgets[] = {~uint64_t(0), (uint64_t(1) << 63) / 1000 + 1, uint64_t(1) << 63};
   auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
@@ -171,7 +172,7 @@ TEST_CASE("a call abandoned at its deadline counts until the server lets go of i
           "[hostile][limits]") {
   // The server runs one call per connection. A handler that ignores cancellation keeps running
   // after its caller gave up; the next call must wait for it, not be refused.
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.max_concurrent_calls_per_connection = 1;
   TestServer ts(listen, so);
@@ -196,7 +197,7 @@ TEST_CASE("a call abandoned at its deadline counts until the server lets go of i
 
 TEST_CASE("a request over the server's message limit fails alone; other calls go on",
           "[hostile][limits]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.transport.max_message_bytes = 1 << 20;  // the client keeps its default of 64 MiB
   TestServer ts(listen, so);
@@ -229,7 +230,7 @@ TEST_CASE("a request over the server's message limit fails alone; other calls go
 }
 
 TEST_CASE("idle connections are closed; a channel reconnects on its next call", "[hostile][idle]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.idle_timeout = 300ms;
   TestServer ts(listen, so);
@@ -277,7 +278,7 @@ TEST_CASE("idle connections are closed; a channel reconnects on its next call", 
 TEST_CASE("a server shut down while clients are connecting stops cleanly", "[hostile][shutdown]") {
   // Races the listener's close (one thread) with connections being set up on the others; run
   // under --config=tsan this is what finds unsynchronised listener state.
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts = std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 3});
   std::atomic<bool> stop{false};
   std::atomic<int> connected{0}, refused{0};
@@ -311,7 +312,7 @@ TEST_CASE("a server whose handler blocks its I/O thread through shutdown stops c
   // on the calling thread. A thread blocked past that wait (here by a handler that sleeps
   // instead of co_awaiting) left the flush notification to run after its promise was gone: a
   // use-after-free (found by TSan in a starved guest; ASan and TSan report it here).
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.drain_timeout = 100ms;
   auto ts = std::make_unique<TestServer>(listen, so);

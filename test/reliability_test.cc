@@ -1,7 +1,8 @@
-// Reliability and security behaviour (issue 5), each case over every transport of ListenUris()
-// (tcp on the host; rdma in the Soft-RoCE VM suite): authentication, connection and concurrency
-// limits, GOAWAY on shutdown, reconnect with backoff and wait-for-ready, server-side keepalive,
-// deadline inheritance in nested calls, and peers that send garbage through a real transport.
+// Reliability and security behaviour (issue 5), each case over every transport of
+// ListenUrisInProcess() (tcp and inproc on the host; rdma in the Soft-RoCE VM suite):
+// authentication, connection and concurrency limits, GOAWAY on shutdown, reconnect with backoff and
+// wait-for-ready, server-side keepalive, deadline inheritance in nested calls, and peers that send
+// garbage through a real transport.
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -23,7 +24,7 @@ using namespace std::chrono_literals;
 
 TEST_CASE("authentication: a wrong or missing secret is refused before any call runs",
           "[reliability][auth]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.transport.auth_secret = "correct horse battery staple";
   TestServer ts(listen, so);
@@ -68,7 +69,7 @@ TEST_CASE("authentication: a wrong or missing secret is refused before any call 
 
 TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUSTED",
           "[reliability][limits]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen, ServerOptions{.io_threads = 2, .max_connections = 2});
   auto a = Channel::ConnectBlocking(ts.uri);
   auto b = Channel::ConnectBlocking(ts.uri);
@@ -90,7 +91,7 @@ TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUST
 
 TEST_CASE("concurrency limits queue calls (backpressure), never fail them",
           "[reliability][limits]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   const uint32_t server_limit = GENERATE(4u, 0u);  // 0: no server limit, client limit only
   const uint32_t client_limit = server_limit ? 0u : 3u;
   ServerOptions so{.io_threads = 1};
@@ -134,7 +135,7 @@ TEST_CASE("concurrency limits queue calls (backpressure), never fail them",
 
 TEST_CASE("a client that ignores SETTINGS gets RESOURCE_EXHAUSTED for calls over the limit",
           "[reliability][limits]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.max_concurrent_calls_per_connection = 2;
   TestServer ts(listen, so);
@@ -160,7 +161,7 @@ TEST_CASE("a client that ignores SETTINGS gets RESOURCE_EXHAUSTED for calls over
 
 TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no error storm",
           "[reliability][shutdown]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts =
       std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 5s});
   ChannelOptions co;
@@ -202,7 +203,7 @@ TEST_CASE("shutdown sends GOAWAY: running calls finish, new calls fail fast, no 
 
 TEST_CASE("a channel reconnects after its server restarts; wait_for_ready calls ride it out",
           "[reliability][reconnect]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts =
       std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 1s});
   const std::string uri = ts->uri;  // the restarted server takes the same port
@@ -255,7 +256,7 @@ TEST_CASE("a channel reconnects after its server restarts; wait_for_ready calls 
 
 TEST_CASE("server keepalive closes a silent client's connection and cancels its calls",
           "[reliability][keepalive]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.keepalive_interval = 200ms;
   so.keepalive_timeout = 600ms;
@@ -281,7 +282,7 @@ TEST_CASE("server keepalive closes a silent client's connection and cancels its 
 }
 
 TEST_CASE("a nested call inherits the handler's deadline", "[reliability][deadline]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer front(listen), back(listen);
   auto ch = Channel::ConnectBlocking(front.uri);
   REQUIRE(ch.ok());
@@ -306,7 +307,7 @@ TEST_CASE("a nested call inherits the handler's deadline", "[reliability][deadli
 
 TEST_CASE("garbage frames through a real transport close that connection only",
           "[reliability][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto good = Channel::ConnectBlocking(ts.uri);
   REQUIRE(good.ok());
@@ -381,7 +382,7 @@ TEST_CASE("a slow host-name lookup does not stall other channels on the same I/O
         "RDMARPC_TEST_SLOW_HOST is not set: this case needs the slow name server of "
         "test/rdma_vm_test.sh");
   }
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("listen " << listen);
   TestServer ts(listen);
   auto ep = transport::ParseUri(ts.uri);

@@ -1,5 +1,5 @@
 // End-to-end behaviour of Server, Channel and generated stubs, over every transport in
-// ListenUris() (tcp here; tcp and rdma inside the Soft-RoCE VM).
+// ListenUrisInProcess() (tcp and inproc here; rdma too inside the Soft-RoCE VM).
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
 
@@ -28,7 +28,7 @@ using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
 
 TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   const int kCalls = 10000;
   int ok = RunLoop([&]() -> asio::awaitable<int> {
@@ -47,7 +47,7 @@ TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc][cor
 }
 
 TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rpc][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   const int kCalls = 1000;
   int matched = RunLoop([&]() -> asio::awaitable<int> {
@@ -76,7 +76,7 @@ TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rp
 }
 
 TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -94,7 +94,7 @@ TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc][core]"
 }
 
 TEST_CASE("8 clients on one server at once are all served", "[rpc][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   std::atomic<int> good{0};
   std::mutex mu;
@@ -136,7 +136,7 @@ TEST_CASE("8 clients on one server at once are all served", "[rpc][core]") {
 }
 
 TEST_CASE("an unknown method answers UNIMPLEMENTED", "[rpc][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -151,7 +151,7 @@ TEST_CASE("an unknown method answers UNIMPLEMENTED", "[rpc][errors]") {
 }
 
 TEST_CASE("a handler's error status reaches the caller with code and message", "[rpc][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -166,7 +166,7 @@ TEST_CASE("a handler's error status reaches the caller with code and message", "
 }
 
 TEST_CASE("a throwing handler gives INTERNAL and the server keeps serving", "[rpc][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -185,7 +185,7 @@ TEST_CASE("a throwing handler gives INTERNAL and the server keeps serving", "[rp
 }
 
 TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadline][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -210,7 +210,7 @@ TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadlin
 }
 
 TEST_CASE("call metadata reaches the handler", "[rpc]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -224,7 +224,7 @@ TEST_CASE("call metadata reaches the handler", "[rpc]") {
 
 TEST_CASE("a handler sees the caller's address, the same on every call of a connection",
           "[rpc][context]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   std::vector<std::string> peers;
   for (int c = 0; c < 2; ++c) {
@@ -250,7 +250,7 @@ TEST_CASE("a handler sees the caller's address, the same on every call of a conn
 
 TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel keeps working",
           "[rpc][limits]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   ChannelOptions opts;
   opts.transport.max_message_bytes = 1 << 20;
@@ -268,7 +268,7 @@ TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel ke
 }
 
 TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdown]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts =
       std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 2, .drain_timeout = 3s});
   auto ch = Channel::ConnectBlocking(ts->uri);
@@ -307,7 +307,7 @@ TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdo
 
 TEST_CASE("shutdown past the drain timeout fails the remaining calls with UNAVAILABLE",
           "[rpc][shutdown]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen, ServerOptions{.io_threads = 1, .drain_timeout = 200ms});
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -331,7 +331,7 @@ TEST_CASE("shutdown past the drain timeout fails the remaining calls with UNAVAI
 }
 
 TEST_CASE("connecting where nobody listens fails with UNAVAILABLE", "[rpc][errors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   // A port that was just listened on and is closed again: nobody listens there now.
   std::string uri;
   {
@@ -422,7 +422,7 @@ TEST_CASE("rdma:// without an RDMA device fails at once with a clear message", "
 
 TEST_CASE("a cancelled call fails with CANCELLED at once; the handler sees it; no reply",
           "[rpc][cancel]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   Status got;
   std::chrono::steady_clock::duration took{};
@@ -461,7 +461,7 @@ TEST_CASE("a cancelled call fails with CANCELLED at once; the handler sees it; n
 }
 
 TEST_CASE("a deadline that passes cancels the handler on the server too", "[rpc][cancel]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -481,7 +481,7 @@ TEST_CASE("a deadline that passes cancels the handler on the server too", "[rpc]
 // its state; and more calls at once than it keeps idle must all run.
 TEST_CASE("handler coroutines reused after cancelled calls run the next calls clean",
           "[rpc][cancel]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen, ServerOptions{.io_threads = 1});
   constexpr int kCalls = 100;  // more than the 64 idle handler coroutines a thread keeps
   auto round = [&](int sleep_ms, std::chrono::milliseconds timeout) {
@@ -525,7 +525,7 @@ TEST_CASE("handler coroutines reused after cancelled calls run the next calls cl
 TEST_CASE("the health service: per service, NOT_FOUND for others, NOT_SERVING once shutdown begins",
           "[rpc][health]") {
   using health::v1::HealthCheckResponse;
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServiceImpl impl;
   HealthService health;
   // The grace keeps the server serving while its health already says NOT_SERVING.
@@ -570,7 +570,7 @@ TEST_CASE("the health service: per service, NOT_FOUND for others, NOT_SERVING on
 
 TEST_CASE("reflection lists the hosted services and hands out their definitions, nothing else",
           "[reflection]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServiceImpl impl;
   ReflectionService reflection;
@@ -687,7 +687,7 @@ class RecordingClientInterceptor final : public ClientInterceptor {
 
 TEST_CASE("server interceptors run in order around every call, reject calls and add metadata",
           "[interceptors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   Journal j;
   auto a = std::make_shared<RecordingServerInterceptor>("A", j);
@@ -740,7 +740,7 @@ TEST_CASE("server interceptors run in order around every call, reject calls and 
 
 TEST_CASE("client interceptors add metadata, refuse calls and hear every call's end",
           "[interceptors]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   Journal j;
@@ -809,7 +809,7 @@ double SampleValue(const std::string& text, const std::string& series) {
 
 TEST_CASE("metrics count every call per method, status, latency and bytes, on both sides",
           "[metrics]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   auto metrics = std::make_shared<Metrics>();
   TestServer ts(listen,
@@ -880,8 +880,9 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   CHECK(SampleValue(text, "rdmarpc_server_sent_bytes_total" + m("Count") + "}") == streamed);
   CHECK(SampleValue(text, "rdmarpc_server_connections") == 1);
   const bool rdma = listen.rfind("rdma://", 0) == 0;
-  CHECK(SampleValue(text, std::string("rdmarpc_transport_connections{transport=\"") +
-                              (rdma ? "rdma" : "tcp") + "\"}") >= 2);  // this client + server
+  const std::string scheme = listen.substr(0, listen.find(':'));
+  CHECK(SampleValue(text, "rdmarpc_transport_connections{transport=\"" + scheme + "\"}") >=
+        2);  // this client + server
   if (rdma) {
     CHECK(SampleValue(text, "rdmarpc_rdma_completions_total") > 0);
     CHECK(SampleValue(text, "rdmarpc_rdma_cq_polls_total") > 0);

@@ -1,7 +1,7 @@
-// Server streams (issue 13), over every transport the environment offers: tcp:// on the host, and
-// rdma:// in the Soft-RoCE VM (rdma_vm_test). Order and exactly-once delivery, the end status,
-// flow control against a reader that stops, cancellation from either side, deadlines, a server
-// that goes away mid-stream, large messages, many streams at once, and the blocking API.
+// Server streams (issue 13), over every transport the environment offers: tcp:// and inproc:// on
+// the host, and rdma:// in the Soft-RoCE VM (rdma_vm_test). Order and exactly-once delivery, the
+// end status, flow control against a reader that stops, cancellation from either side, deadlines, a
+// server that goes away mid-stream, large messages, many streams at once, and the blocking API.
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -39,7 +39,7 @@ CountRequest Count(uint64_t n, uint32_t payload = 0) {
 }  // namespace
 
 TEST_CASE("a server stream delivers every message once, in order, then OK", "[stream][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -72,7 +72,7 @@ TEST_CASE("a server stream delivers every message once, in order, then OK", "[st
 }
 
 TEST_CASE("a stream's payloads arrive intact, 16 MiB messages included", "[stream]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -94,7 +94,7 @@ TEST_CASE("a stream's payloads arrive intact, 16 MiB messages included", "[strea
 }
 
 TEST_CASE("a handler's error ends the stream after its messages", "[stream]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -111,7 +111,7 @@ TEST_CASE("a handler's error ends the stream after its messages", "[stream]") {
 
 TEST_CASE("a reader that stops reading holds back the server: memory stays bounded",
           "[stream][flow]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -143,7 +143,7 @@ TEST_CASE("a reader that stops reading holds back the server: memory stays bound
 
 TEST_CASE("the caller cancels a stream mid-way: the server's writer stops at once",
           "[stream][cancel]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -189,7 +189,7 @@ TEST_CASE("the caller cancels a stream mid-way: the server's writer stops at onc
 }
 
 TEST_CASE("a stream's deadline covers the whole stream", "[stream][deadline]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -207,7 +207,7 @@ TEST_CASE("a stream's deadline covers the whole stream", "[stream][deadline]") {
 }
 
 TEST_CASE("a server that goes away mid-stream ends it with UNAVAILABLE", "[stream]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts = std::make_unique<TestServer>(listen);
   ChannelOptions o;
   o.reconnect = false;
@@ -229,7 +229,7 @@ TEST_CASE("a server that goes away mid-stream ends it with UNAVAILABLE", "[strea
 }
 
 TEST_CASE("1,000 streams at once on one channel", "[stream]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -283,7 +283,7 @@ TEST_CASE("1,000 streams at once on one channel", "[stream]") {
 }
 
 TEST_CASE("a streaming method the server does not serve is named in UNIMPLEMENTED", "[stream]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   // A server without TestService: its Count is unknown there.
   Server server(ServerOptions{.io_threads = 1});
   auto bound = server.Listen(listen);
@@ -320,7 +320,7 @@ CallOptions WithMode(std::string mode, std::chrono::milliseconds timeout = 60s) 
 
 TEST_CASE("a client stream delivers every message once, in order, and the reply comes back",
           "[stream][client][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -350,7 +350,7 @@ TEST_CASE("a client stream delivers every message once, in order, and the reply 
 }
 
 TEST_CASE("a client stream carries large messages intact, 16 MiB included", "[stream][client]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -371,7 +371,7 @@ TEST_CASE("a client stream carries large messages intact, 16 MiB included", "[st
 }
 
 TEST_CASE("a bidirectional stream echoes in order, both ways at once", "[stream][bidi][core]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -421,7 +421,7 @@ TEST_CASE("a bidirectional stream echoes in order, both ways at once", "[stream]
 
 TEST_CASE("half-close orders: the server may write after it, end before it, or never see it",
           "[stream][bidi]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -491,7 +491,7 @@ TEST_CASE("half-close orders: the server may write after it, end before it, or n
 
 TEST_CASE("a server that stops reading holds the client's writer back: memory stays bounded",
           "[stream][client][flow]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -541,7 +541,7 @@ TEST_CASE("a server that stops reading holds the client's writer back: memory st
 
 TEST_CASE("either side cancels a client stream mid-way; the other sees it at once",
           "[stream][client][cancel]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
@@ -589,7 +589,7 @@ TEST_CASE("either side cancels a client stream mid-way; the other sees it at onc
 
 TEST_CASE("a server that goes away mid client stream ends it with UNAVAILABLE",
           "[stream][client]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts = std::make_unique<TestServer>(listen);
   ChannelOptions o;
   o.reconnect = false;
@@ -607,7 +607,7 @@ TEST_CASE("a server that goes away mid client stream ends it with UNAVAILABLE",
 }
 
 TEST_CASE("1,000 bidirectional streams at once on one channel", "[stream][bidi]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   TestServer ts(listen);
   EventLoopThread loop;
@@ -648,7 +648,7 @@ TEST_CASE("1,000 bidirectional streams at once on one channel", "[stream][bidi]"
 
 TEST_CASE("a method called as the wrong kind gets UNIMPLEMENTED naming both kinds",
           "[stream][kinds]") {
-  auto listen = GENERATE(from_range(ListenUris()));
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());

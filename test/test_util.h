@@ -23,14 +23,27 @@
 
 namespace rdmarpc::testing {
 
-// Transports the integration suite runs over: tcp always; rdma when
-// $RDMARPC_TEST_RDMA_HOST names an address with an RDMA device (set by the
-// Soft-RoCE VM suite, tools/vm/).
+// Transports the integration suites run over: tcp always; rdma when $RDMARPC_TEST_RDMA_HOST
+// names an address with an RDMA device (set by the Soft-RoCE VM suite, tools/vm/). Tests whose
+// client and server are in this one process use ListenUrisInProcess, which adds inproc://.
+// $RDMARPC_TEST_ONLY_SCHEME keeps one scheme.
+inline std::vector<std::string> FilterScheme(std::vector<std::string> uris);
 inline std::vector<std::string> ListenUris() {
   std::vector<std::string> uris = {"tcp://127.0.0.1:0"};
   if (const char* host = std::getenv("RDMARPC_TEST_RDMA_HOST"); host && *host) {
     uris.push_back(std::string("rdma://") + host + ":0");
   }
+  return FilterScheme(std::move(uris));
+}
+// ListenUris() and the in-process transport (transport/inproc/): for tests that keep the client
+// and the server in this process (no child processes), over which the protocol runs without a
+// network.
+inline std::vector<std::string> ListenUrisInProcess() {
+  std::vector<std::string> uris = ListenUris();
+  uris.push_back("inproc://test:0");
+  return FilterScheme(std::move(uris));
+}
+inline std::vector<std::string> FilterScheme(std::vector<std::string> uris) {
   if (const char* only = std::getenv("RDMARPC_TEST_ONLY_SCHEME"); only && *only) {
     std::vector<std::string> keep;
     for (auto& u : uris) {

@@ -19,6 +19,8 @@ enum class Stat : int {
   kTcpConnectionsClosed,  // ... and destroyed
   kRdmaConnectionsOpened,
   kRdmaConnectionsClosed,
+  kInprocConnectionsOpened,
+  kInprocConnectionsClosed,
   // Bytes reserved in peers' receive rings (records written, wrap-around padding included) and
   // bytes the peers credited back: their difference is the rings' current occupancy.
   kRdmaRingBytesWritten,

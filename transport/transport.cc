@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include "transport/inproc/inproc_transport.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/uri.h"
@@ -14,6 +15,9 @@ Expected<std::unique_ptr<Listener>> Listen(const std::string& uri,
   if (ep.value().scheme == Scheme::kRdma) {
     return rdma::Listen(ep.value(), executors, std::move(on_accept), options);
   }
+  if (ep.value().scheme == Scheme::kInproc) {
+    return inproc::Listen(ep.value(), executors, std::move(on_accept), options);
+  }
   return tcp::Listen(ep.value(), executors, std::move(on_accept), options);
 }
 
@@ -24,6 +28,9 @@ boost::asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const std:
   if (!ep.ok()) co_return ep.error();
   if (ep.value().scheme == Scheme::kRdma) {
     co_return co_await rdma::Connect(ep.value(), executor, options);
+  }
+  if (ep.value().scheme == Scheme::kInproc) {
+    co_return co_await inproc::Connect(ep.value(), executor, options);
   }
   co_return co_await tcp::Connect(ep.value(), executor, options);
 }

@@ -4,7 +4,17 @@
 
 namespace rdmarpc::transport {
 
-std::string_view SchemeName(Scheme s) { return s == Scheme::kTcp ? "tcp" : "rdma"; }
+std::string_view SchemeName(Scheme s) {
+  switch (s) {
+    case Scheme::kTcp:
+      return "tcp";
+    case Scheme::kRdma:
+      return "rdma";
+    case Scheme::kInproc:
+      return "inproc";
+  }
+  return "?";
+}
 
 std::string Endpoint::ToUri() const {
   std::string out(SchemeName(scheme));
@@ -21,7 +31,7 @@ std::string Endpoint::ToUri() const {
 Expected<Endpoint> ParseUri(std::string_view uri) {
   auto bad = [&](std::string_view why) {
     return Error{"bad URI '" + std::string(uri) + "': " + std::string(why) +
-                 " (expected tcp://host:port or rdma://host:port)"};
+                 " (expected tcp://host:port, rdma://host:port or inproc://name:port)"};
   };
   Endpoint ep;
   size_t sep = uri.find("://");
@@ -31,6 +41,8 @@ Expected<Endpoint> ParseUri(std::string_view uri) {
     ep.scheme = Scheme::kTcp;
   } else if (scheme == "rdma") {
     ep.scheme = Scheme::kRdma;
+  } else if (scheme == "inproc") {
+    ep.scheme = Scheme::kInproc;
   } else {
     return bad("unknown scheme '" + std::string(scheme) + "'");
   }

@@ -1,4 +1,5 @@
-// Endpoint URIs: "tcp://host:port" and "rdma://host:port" (IPv6 hosts in brackets).
+// Endpoint URIs: "tcp://host:port" and "rdma://host:port" (IPv6 hosts in brackets), and
+// "inproc://name:port" (the in-process transport, transport/inproc/: a name, not a host).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 namespace rdmarpc::transport {
 
-enum class Scheme { kTcp, kRdma };
+enum class Scheme { kTcp, kRdma, kInproc };
 
 struct Endpoint {
   Scheme scheme = Scheme::kTcp;
