@@ -57,15 +57,20 @@ res, rounds = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(f"{res}/rounds.jsonl")]
 cg = {(c["mode"], c["side"]): c["per_call"] for c in map(json.loads, open(f"{res}/cg.jsonl"))}
 med = lambda mode, key, field: statistics.median(r[key][field] for r in rows if r["mode"] == mode)
-print(f"| 64 B over TCP ({rounds} interleaved rounds, medians) | metrics off | metrics on | on / off |")
-print("| --- | --- | --- | --- |")
+vals = lambda mode, key, field: [r[key][field] for r in rows if r["mode"] == mode]
+print(f"| 64 B over TCP ({rounds} interleaved rounds, medians) | metrics off | metrics on | on / off "
+      "| off: min - max | on: min - max |")
+print("| --- | --- | --- | --- | --- | --- |")
 for label, key, field, fmt in [("depth 1, p50 latency (us)", "d1", "p50_us", "{:.1f}"),
                                ("depth 1, calls/s", "d1", "calls_per_s", "{:,.0f}"),
                                ("depth 32, calls/s", "d32", "calls_per_s", "{:,.0f}"),
                                ("depth 32, p50 latency (us)", "d32", "p50_us", "{:.1f}")]:
     off, on = med("off", key, field), med("on", key, field)
-    print(f"| {label} | {fmt.format(off)} | {fmt.format(on)} | {on / off:.3f} |")
+    spread = lambda mode: " - ".join(fmt.format(f(vals(mode, key, field))) for f in (min, max))
+    print(f"| {label} | {fmt.format(off)} | {fmt.format(on)} | {on / off:.3f} "
+          f"| {spread('off')} | {spread('on')} |")
 for side in ("client", "server"):
     off, on = cg[("off", side)], cg[("on", side)]
-    print(f"| instructions per call, {side} (callgrind) | {off:,} | {on:,} | {on / off:.3f} (+{on - off}) |")
+    print(f"| instructions per call, {side} (callgrind) | {off:,} | {on:,} "
+          f"| {on / off:.3f} (+{on - off}) | | |")
 PY

@@ -409,10 +409,11 @@ def main():
         w("")
         w("The same `rdmarpc_bench` binary with and without `--metrics` (an `rdmarpc::Metrics` "
           "registry's interceptors on the server and on the client: docs/METRICS.md), over TCP "
-          "on loopback, rounds interleaved off/on. Command: `tools/bench/metrics_overhead.sh 9` "
+          "on loopback, rounds interleaved off/on. Command: `tools/bench/metrics_overhead.sh 11` "
           "(a step of `tools/bench/run_all.sh`). The transport counters are always on, so they "
           "are in both columns; the callgrind rows are the deterministic measure, the timed rows "
-          "move by several percent from run to run on this shared 2-core machine.")
+          "move by several percent from run to run on this shared 2-core machine (hence the "
+          "min - max columns).")
         w("")
         with open(p) as f:
             for line in f:

@@ -92,7 +92,7 @@ for side in client server; do
 done
 
 echo "== metrics overhead: --metrics off and on, interleaved (tools/bench/metrics_overhead.sh)"
-bash tools/bench/metrics_overhead.sh 9 >"$res/metrics_overhead.md"
+bash tools/bench/metrics_overhead.sh 11 >"$res/metrics_overhead.md"
 
 echo "== RDMA in the Soft-RoCE VM (perftest and rdmarpc_bench, same device, same boot)"
 # 8 GiB: 10,000 connections, with their client in the same guest (rxe maps each queue pair's

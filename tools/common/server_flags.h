@@ -1,5 +1,7 @@
-// The flags every sample server takes for its limits, and what they set in ServerOptions. One
-// place, so that echo_server and kv_server (and their usage texts) agree.
+// The sample servers' shared harness: the flags every one takes (address, threads, log level,
+// secret file, RDMA polling, limits, operations) and what they set; the built-in services; the
+// listen-and-run loop. One place, so that echo_server and kv_server (and their usage texts)
+// agree, and a new server is its service plus a few lines.
 #pragma once
 
 #include <sys/resource.h>
@@ -12,10 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "rpc/health.h"
+#include "rpc/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/metrics_http.h"
+#include "rpc/reflection.h"
 #include "rpc/server.h"
 #include "tools/common/flags.h"
+#include "tools/common/polling_flags.h"
 
 namespace rdmarpc::cmdline {
 
@@ -75,6 +81,89 @@ inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o)
   o.interceptors.insert(o.interceptors.begin(), metrics->server_interceptor());
   return metrics;
 }
+
+inline long RaiseFileLimit();
+
+// Everything the common flags decided, for the program to build its server from.
+struct ServerSetup {
+  ServerOptions options;             // threads, limits, polling, secret, interceptors
+  std::shared_ptr<Metrics> metrics;  // with --metrics-listen; null otherwise
+  std::vector<std::string> uris;     // --listen, or the program's default address
+};
+
+// Merge into the map given to Flags: the program's own flags plus every flag SetUpServer reads
+// (--listen, --threads, --log-level, --auth-secret-file, --help, the polling flags and the
+// limits above).
+inline std::map<std::string, bool> WithServerHarnessFlags(std::map<std::string, bool> own) {
+  for (const char* name : {"listen", "threads", "log-level", "auth-secret-file"}) own[name] = true;
+  own["help"] = false;
+  return WithServerFlags(WithPollingFlags(std::move(own)));
+}
+
+inline constexpr char kServerHarnessUsage[] =
+    "  --listen URI       address to serve on; repeatable. tcp://HOST:PORT or\n"
+    "                     rdma://HOST:PORT; port 0 picks a free one.\n"
+    "  --threads N        I/O threads\n"
+    "  --busy-poll        rdma: spin on the completion queues (lowest latency; keeps one core\n"
+    "                     per I/O thread busy; also RDMARPC_BUSY_POLL=1)\n"
+    "  --poll-spin-us US  rdma: after traffic, keep polling this long before sleeping on the\n"
+    "                     completion channel (default 200, or RDMARPC_POLL_SPIN_US; 0 = sleep\n"
+    "                     at once: least CPU, a wake-up per message)\n"
+    "  --auth-secret-file F  refuse clients that do not present the secret in file F\n"
+    "  --log-level LEVEL  trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or info)\n"
+    "  --help, -h         this text\n";
+
+// Reads the common flags into `setup` (`default_threads` and `default_listen` when absent),
+// runs the program's own `check` (returns "" or what is wrong), starts logging at --log-level
+// and raises the open-file limit. Returns 0 to go on; otherwise prints
+// "PROGRAM: what is wrong\n(see PROGRAM --help)" and returns 2, the samples' exit code for bad
+// arguments. Signals: the server it configures handles SIGINT/SIGTERM (graceful shutdown).
+inline int SetUpServer(Flags& flags, const char* program, long default_threads,
+                       std::string default_listen, ServerSetup& setup,
+                       const std::function<std::string()>& check = {}) {
+  ServerOptions& o = setup.options;
+  o.io_threads = static_cast<int>(flags.get_int("threads", default_threads, 1, 256));
+  o.handle_signals = true;
+  o.transport.auth_secret = flags.auth_secret();
+  setup.metrics = ApplyServerFlags(flags, o);
+  ApplyPollingFlags(flags, o.transport);
+  setup.uris = flags.all("listen");
+  if (setup.uris.empty()) setup.uris.push_back(std::move(default_listen));
+  std::string bad = flags.error();
+  if (bad.empty() && check) bad = check();
+  if (bad.empty() && !InitLogging(flags.get("log-level", ""))) {
+    bad = LogLevelError(flags.get("log-level", ""));
+  }
+  if (!bad.empty()) {
+    std::cerr << program << ": " << bad << "\n(see " << program << " --help)\n";
+    return 2;
+  }
+  RaiseFileLimit();
+  return 0;
+}
+
+// The built-in services every sample server offers beside its own: health (`rdmarpc health
+// TARGET [SERVICE]`; NOT_SERVING from SIGTERM on) and reflection (`rdmarpc list`, `describe`
+// and `call` without the .proto files). Declare it before the Server: the server must not
+// outlive them.
+struct BuiltinServices {
+  HealthService health;
+  ReflectionService reflection;
+
+  // Adds `service` and the built-ins to `server` and marks `name` (e.g. "demo.Echo") SERVING.
+  // False, with the reason on stderr prefixed by `program`, if the server refuses one.
+  bool AddTo(Server& server, Service& service, const char* name, const char* program) {
+    Status s = server.AddService(service);
+    if (s.ok()) s = health.Attach(server);
+    if (s.ok()) s = reflection.Attach(server);
+    if (!s.ok()) {
+      std::cerr << program << ": " << s.ToString() << "\n";
+      return false;
+    }
+    health.SetServing(name, true);
+    return true;
+  }
+};
 
 // Listens on every URI in order, printing "listening on URI" for each (and calling on_bound
 // with it). False, with the reason on stderr prefixed by `program`, when one cannot be served.
