@@ -20,6 +20,7 @@
 
 #include "rpc/frame_writer.h"
 #include "rpc/keepalive.h"
+#include "transport/factory.h"
 
 namespace rdmarpc {
 namespace asio = boost::asio;

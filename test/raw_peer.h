@@ -14,6 +14,7 @@
 #include "rpc/frame.h"
 #include "rpc/service.h"
 #include "test/protos/test_service.pb.h"
+#include "transport/factory.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::testing {

@@ -44,7 +44,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 {
   echo "CREATE $tmp/librdmarpc.a"
-  for lib in rpc/librpc.a transport/libtransport.a rpc/libhealth.a rpc/libhealth_proto.a \
+  for lib in rpc/librpc.a transport/libtransport.a transport/libtcp.a transport/librdma.a \
+    transport/libinproc.a transport/libinterface.a rpc/libhealth.a rpc/libhealth_proto.a \
     rpc/libsecret_file.a; do
     echo "ADDLIB $bin/$lib"
   done

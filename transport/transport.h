@@ -1,4 +1,5 @@
-// The transport interface: the only thing the RPC layer knows about moving bytes.
+// The transport interface: the only thing the RPC layer knows about moving bytes. Which
+// transport serves a URI is decided in transport/factory.h (Listen, Connect).
 //
 // A transport carries opaque messages (whole byte strings) between two peers, in order, each
 // delivered exactly once or the connection fails. Message boundaries are preserved. Transports
@@ -150,17 +151,5 @@ class Listener {
 
 // Called with each accepted connection, on that connection's executor, before Start.
 using AcceptHandler = std::function<void(std::shared_ptr<Connection>)>;
-
-// Binds `uri` and accepts connections, spreading them round-robin over `executors` (one per
-// I/O thread). Fails at once, with a message, if the address cannot be bound or the scheme's
-// transport is unavailable (e.g. rdma:// without an RDMA device).
-Expected<std::unique_ptr<Listener>> Listen(const std::string& uri,
-                                           const std::vector<Executor>& executors,
-                                           AcceptHandler on_accept, const Options& options);
-
-// Connects to `uri`; the connection lives on `executor`. Bounded by options.connect_timeout_ms.
-boost::asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const std::string& uri,
-                                                                      Executor executor,
-                                                                      const Options& options);
 
 }  // namespace rdmarpc::transport

@@ -1,4 +1,4 @@
-#include "transport/transport.h"
+#include "transport/factory.h"
 
 #include "transport/inproc/inproc_transport.h"
 #include "transport/rdma/rdma_transport.h"
