@@ -892,12 +892,15 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   // In flight: a call the server is still handling counts on both sides until it ends.
   SleepRequest sleep;
   sleep.set_ms(500);
-  std::thread slow([&] { CHECK(stub.Sleep(sleep, {.timeout = 10s}).ok()); });
+  // Catch's assertions are for one thread: the call's result is checked after the join.
+  Status slept;
+  std::thread slow([&] { slept = stub.Sleep(sleep, {.timeout = 10s}).status(); });
   CHECK(Eventually([&] { return value("rdmarpc_server_in_flight" + m("Sleep") + "}") == 1; },
                    5000ms));
   CHECK(value("rdmarpc_client_in_flight" + m("Sleep") + "}") == 1);
   CHECK(value("rdmarpc_server_calls_in_flight") == 1);
   slow.join();
+  CHECK(slept.ok());
   CHECK(Eventually([&] { return value("rdmarpc_server_in_flight" + m("Sleep") + "}") == 0; },
                    5000ms));
   CHECK(value("rdmarpc_client_in_flight" + m("Sleep") + "}") == 0);

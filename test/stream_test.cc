@@ -407,7 +407,10 @@ TEST_CASE("a bidirectional stream echoes in order, both ways at once", "[stream]
       if (m->seq() != o->read || m->payload() != Pattern(16, m->seq())) ++o->out_of_order;
       ++o->read;
     }
-    co_await WaitUntil([o] { return o->writer_done; }, 10000ms);
+    // Named, not a temporary inside the co_await: GCC 12 destroyed that temporary closure (and
+    // its copy of `o`) twice, freeing `*o` under this coroutine (ASan: heap-use-after-free).
+    auto writer_done = [o] { return o->writer_done; };
+    co_await WaitUntil(writer_done, 10000ms);
     o->status = co_await call->Finish();
     co_return *o;
   }());

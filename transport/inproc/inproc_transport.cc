@@ -173,7 +173,9 @@ class InprocConnection final : public Connection,
     }
     std::lock_guard lock(link_->mu);
     Link::Pipe& out = link_->to[Index(out_)];
-    if (out.closed || out.reset) return true;  // the peer is gone; our close notice follows
+    // Not reached while this end is open (closing marks `out` and closed() above); kept so that
+    // nothing is ever queued behind a close.
+    if (out.closed || out.reset) return false;
     out.bytes += bytes.size();
     if (fault == Fault::kHold || !out.held.empty()) {
       out.held.push_back(std::move(bytes));
