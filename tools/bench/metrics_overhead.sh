@@ -6,48 +6,36 @@
 #   2. Instructions per call (callgrind; 2,000 vs 12,000 calls, set-up cancelled out) on each
 #      side, off and on: deterministic, so a few instructions show where timing noise would not.
 # Writes a markdown table to stdout. Usage: tools/bench/metrics_overhead.sh [ROUNDS]
-# (bazel build -c opt //tools/bench:rdmarpc_bench first).
+# (bazel build -c opt //tools/bench:rdmarpc_bench first; run from the repository root).
 set -euo pipefail
 rounds=${1:-7}
 bin=bazel-bin/tools/bench/rdmarpc_bench
 res=$(mktemp -d)
 trap 'pkill -P $$ 2>/dev/null || true; rm -rf "$res"' EXIT
 
-start_server() {  # start_server LOG [FLAGS...]: starts a server, sets $srv and $target
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 &
-  srv=$!
-  for _ in $(seq 100); do grep -q '^listening on ' "$log" 2>/dev/null && break; sleep 0.1; done
-  target=$(sed -n 's/^listening on //p' "$log")
-}
+. tools/bench/lib.sh  # wait_listening, listening_uri, callgrind_pair, cg_per_call
 
 for r in $(seq "$rounds"); do
   for mode in off on; do
-    flag=""
-    [ "$mode" = on ] && flag="--metrics"
-    start_server "$res/srv.log" $bin --server --listen tcp://127.0.0.1:0 $flag
-    d1=$($bin --target "$target" --duration 3 --warmup 1 --json $flag)
-    d32=$($bin --target "$target" --depth 32 --duration 3 --warmup 1 --json $flag)
+    flags=()
+    [ "$mode" = on ] && flags=(--metrics)
+    $bin --server --listen tcp://127.0.0.1:0 "${flags[@]}" >"$res/srv.log" 2>&1 &
+    srv=$!
+    wait_listening "$res/srv.log"
+    target=$(listening_uri "$res/srv.log")
+    d1=$($bin --target "$target" --duration 3 --warmup 1 --json "${flags[@]}")
+    d32=$($bin --target "$target" --depth 32 --duration 3 --warmup 1 --json "${flags[@]}")
     kill -TERM "$srv"; wait "$srv" || true
     echo "{\"mode\":\"$mode\",\"d1\":$d1,\"d32\":$d32}" >>"$res/rounds.jsonl"
   done
 done
 
 for mode in off on; do
-  flag=""
-  [ "$mode" = on ] && flag="--metrics"
-  for n in 2000 12000; do
-    start_server "$res/cgsrv.log" valgrind --tool=callgrind --callgrind-out-file="$res/server.$mode.$n.cg" \
-      $bin --server --listen tcp://127.0.0.1:0 $flag
-    valgrind --tool=callgrind --callgrind-out-file="$res/client.$mode.$n.cg" \
-      $bin --target "$target" --calls "$n" --warmup 0 --quiet $flag >/dev/null 2>&1
-    kill -TERM "$srv"; wait "$srv" || true
-  done
+  flags=()
+  [ "$mode" = on ] && flags=(--metrics)
+  callgrind_pair "$bin" "$res/$mode." "${flags[@]}"
   for side in client server; do
-    i1=$(callgrind_annotate "$res/$side.$mode.2000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
-    i2=$(callgrind_annotate "$res/$side.$mode.12000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
-    echo "{\"mode\":\"$mode\",\"side\":\"$side\",\"per_call\":$(( (i2 - i1) / 10000 ))}" >>"$res/cg.jsonl"
+    echo "{\"mode\":\"$mode\",\"side\":\"$side\",\"per_call\":$(cg_per_call "$res/$mode." "$side")}" >>"$res/cg.jsonl"
   done
 done
 

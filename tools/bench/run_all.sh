@@ -22,10 +22,7 @@ bazel build //tools/bench:all >/dev/null 2>&1 || bazel build //tools/bench:all
 bin=bazel-bin/tools/bench
 ulimit -n "$(ulimit -Hn)"  # as many descriptors as allowed: the connection-count runs need them
 
-wait_listening() {  # file
-  for _ in $(seq 200); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  echo "server did not start: $(cat "$1")" >&2; return 1
-}
+. tools/bench/lib.sh  # wait_listening, listening_uri, callgrind_pair, cg_total
 
 echo "== TCP on loopback: rdmarpc_bench next to tcp_pingpong and gRPC C++ (grpc_bench)"
 $bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$res/srv.log" 2>&1 &
@@ -74,18 +71,10 @@ kill "$srv" "$pp" "$gs"; wait "$srv" "$pp" "$gs" 2>/dev/null || true
 echo "== CPU cost: instructions per call (callgrind), 64 B echo over TCP, set-up excluded"
 # Run each side twice, with 2,000 and 12,000 calls; the difference / 10,000 is the cost per call
 # with connection set-up, start and exit cancelled out.
-for n in 2000 12000; do
-  valgrind --tool=callgrind --callgrind-out-file="$res/server.$n.cg" \
-    $bin/rdmarpc_bench --server --listen tcp://127.0.0.1:0 >"$res/cgsrv.log" 2>&1 &
-  srv=$!
-  wait_listening "$res/cgsrv.log"
-  valgrind --tool=callgrind --callgrind-out-file="$res/client.$n.cg" \
-    $bin/rdmarpc_bench --target "$(sed -n 's/^listening on //p' "$res/cgsrv.log")" --calls "$n" --warmup 0 --quiet >/dev/null 2>&1
-  kill -TERM "$srv"; wait "$srv" || true
-done
+callgrind_pair $bin/rdmarpc_bench "$res/"
 for side in client server; do
-  i1=$(callgrind_annotate "$res/$side.2000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
-  i2=$(callgrind_annotate "$res/$side.12000.cg" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
+  i1=$(cg_total "$res/$side.2000.cg")
+  i2=$(cg_total "$res/$side.12000.cg")
   echo "{\"kind\":\"callgrind\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 ))}" >> "$res/cpu.jsonl"
   callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"

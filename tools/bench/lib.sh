@@ -1,0 +1,44 @@
+# Helpers the benchmark scripts share; source it from the repository root:
+#   . tools/bench/lib.sh
+
+# wait_listening LOG: waits up to 10 s for a server whose output goes to LOG to print
+# "listening on ..."; fails, showing that output, if it does not.
+wait_listening() {
+  for _ in $(seq 200); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.05; done
+  echo "server did not start: $(cat "$1")" >&2
+  return 1
+}
+
+# listening_uri LOG: the address the server in LOG printed.
+listening_uri() { sed -n 's/^listening on //p' "$1"; }
+
+# cg_total FILE: a callgrind profile's total instruction count.
+cg_total() { callgrind_annotate "$1" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}'; }
+
+# callgrind_pair BENCH PREFIX [FLAG...]: runs rdmarpc_bench (the binary BENCH) as server and
+# client over TCP on loopback under callgrind, twice, with 2,000 and 12,000 calls, FLAGs given to
+# both; writes PREFIX{server,client}.{2000,12000}.cg. The difference of the two runs / 10,000 is
+# the cost of one call with connection set-up, start and exit cancelled out (cg_per_call).
+callgrind_pair() {
+  local bench=$1 prefix=$2 n srv
+  shift 2
+  for n in 2000 12000; do
+    valgrind --tool=callgrind --callgrind-out-file="${prefix}server.$n.cg" \
+      "$bench" --server --listen tcp://127.0.0.1:0 "$@" >"${prefix}cgsrv.log" 2>&1 &
+    srv=$!
+    wait_listening "${prefix}cgsrv.log"
+    valgrind --tool=callgrind --callgrind-out-file="${prefix}client.$n.cg" \
+      "$bench" --target "$(listening_uri "${prefix}cgsrv.log")" --calls "$n" --warmup 0 --quiet \
+      "$@" >/dev/null 2>&1
+    kill -TERM "$srv"
+    wait "$srv" || true
+  done
+}
+
+# cg_per_call PREFIX SIDE: instructions per call of SIDE (server or client) from callgrind_pair.
+cg_per_call() {
+  local a b
+  a=$(cg_total "$1$2.2000.cg")
+  b=$(cg_total "$1$2.12000.cg")
+  echo $(((b - a) / 10000))
+}
