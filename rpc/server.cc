@@ -625,11 +625,10 @@ class ServerConnection final : public transport::ConnectionHandler,
     ServerContext context(peer_, entry->info.full_name, deadline, std::move(md));
     context.CountReceived(f.payload.size());
     const ServerInterceptors& interceptors = core_->options.interceptors;
-    const auto intercepted_at = now;
     for (size_t i = 0; i < interceptors.size(); ++i) {
       if (Status s = interceptors[i]->OnStart(context); !s.ok()) {
         // Rejected: those that let it through hear how it ended; the handler never runs.
-        const auto elapsed = ServerContext::Clock::now() - intercepted_at;
+        const auto elapsed = ServerContext::Clock::now() - now;
         while (i-- > 0) interceptors[i]->OnFinish(context, s, elapsed);
         SendError(reply, s);
         return;
@@ -640,7 +639,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     ++started_;
     held_bytes_ += bytes;
     ServerCall call(shared_from_this(), f.header.call_id, bytes, std::move(context));
-    if (!interceptors.empty()) call.SetInterceptors(&interceptors, intercepted_at);
+    if (!interceptors.empty()) call.SetInterceptors(&interceptors, now);
     entry->handler->Start(*it->second.first, std::move(call), f.payload);
   }
 

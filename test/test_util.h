@@ -23,11 +23,20 @@
 
 namespace rdmarpc::testing {
 
+// `uris`, or only those of the scheme $RDMARPC_TEST_ONLY_SCHEME names when it is set.
+inline std::vector<std::string> FilterScheme(std::vector<std::string> uris) {
+  if (const char* only = std::getenv("RDMARPC_TEST_ONLY_SCHEME"); only && *only) {
+    std::vector<std::string> keep;
+    for (auto& u : uris) {
+      if (u.rfind(std::string(only) + "://", 0) == 0) keep.push_back(u);
+    }
+    uris = keep;
+  }
+  return uris;
+}
 // Transports the integration suites run over: tcp always; rdma when $RDMARPC_TEST_RDMA_HOST
 // names an address with an RDMA device (set by the Soft-RoCE VM suite, tools/vm/). Tests whose
 // client and server are in this one process use ListenUrisInProcess, which adds inproc://.
-// $RDMARPC_TEST_ONLY_SCHEME keeps one scheme.
-inline std::vector<std::string> FilterScheme(std::vector<std::string> uris);
 inline std::vector<std::string> ListenUris() {
   std::vector<std::string> uris = {"tcp://127.0.0.1:0"};
   if (const char* host = std::getenv("RDMARPC_TEST_RDMA_HOST"); host && *host) {
@@ -42,16 +51,6 @@ inline std::vector<std::string> ListenUrisInProcess() {
   std::vector<std::string> uris = ListenUris();
   uris.push_back("inproc://test:0");
   return FilterScheme(std::move(uris));
-}
-inline std::vector<std::string> FilterScheme(std::vector<std::string> uris) {
-  if (const char* only = std::getenv("RDMARPC_TEST_ONLY_SCHEME"); only && *only) {
-    std::vector<std::string> keep;
-    for (auto& u : uris) {
-      if (u.rfind(std::string(only) + "://", 0) == 0) keep.push_back(u);
-    }
-    uris = keep;
-  }
-  return uris;
 }
 
 // `n` pseudo-random bytes determined by `seed`: payloads whose corruption a

@@ -133,12 +133,7 @@ class InprocConnection final : public Connection,
     Count(Stat::kInprocConnectionsClosed);
     std::lock_guard lock(link_->mu);
     link_->end[Index(in_)].executor.reset();
-    // Gone without Close (the layer above dropped it): the peer sees the connection close.
-    Link::Pipe& out = link_->to[Index(out_)];
-    if (!out.closed && !out.reset) {
-      out.closed = true;
-      PostDrainLocked(out_);
-    }
+    EndOutLocked();  // gone without Close (the layer above dropped it): the peer sees a close
   }
 
   // Registers this end with the link; call once, right after construction.
@@ -181,7 +176,7 @@ class InprocConnection final : public Connection,
       out.held.push_back(std::move(bytes));
     } else {
       out.ready.push_back(std::move(bytes));
-      PostDrainLocked(out_);
+      PostDrain(*link_, out_);
     }
     return true;
   }
@@ -289,7 +284,6 @@ class InprocConnection final : public Connection,
 
   // Queues a Drain on the end that receives direction `d`, unless one is queued or the end is
   // gone. Caller holds link.mu.
-  void PostDrainLocked(Direction d) { PostDrain(*link_, d); }
   static void PostDrain(Link& link, Direction d) {
     Link::Pipe& p = link.to[Index(d)];
     Link::End& e = link.end[Index(d)];
@@ -310,15 +304,20 @@ class InprocConnection final : public Connection,
     });
   }
 
+  // This end sends nothing more: the peer closes once it has read what came before (unless
+  // the connection was reset). Caller holds link_->mu.
+  void EndOutLocked() {
+    Link::Pipe& out = link_->to[Index(out_)];
+    if (out.closed || out.reset) return;
+    out.closed = true;
+    PostDrain(*link_, out_);
+  }
+
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
     {
       std::lock_guard lock(link_->mu);
-      Link::Pipe& out = link_->to[Index(out_)];
-      if (!out.closed && !out.reset) {
-        out.closed = true;
-        PostDrainLocked(out_);
-      }
+      EndOutLocked();
       Link::Pipe& in = link_->to[Index(in_)];
       in.ready.clear();
       in.held.clear();
@@ -336,7 +335,7 @@ class InprocConnection final : public Connection,
       out.ready.clear();
       out.held.clear();
       out.bytes = 0;
-      PostDrainLocked(out_);
+      PostDrain(*link_, out_);
     }
     CloseWith(reason);
   }
