@@ -82,6 +82,25 @@ def main():
     write("reassembler", "too_large", b"\x05\x02" + stream([b"ok", b"x" * 100]))
     write("reassembler", "partial_tail", b"\x09\x40" + stream([b"abc", b"def"])[:-2])
 
+    # RDMA record inputs: byte 0 sets the limit (1 + 4*b), then [u8 length][record] each.
+    write("record", "whole_messages", b"\x40" + records([rec(5, 0, b"hello"), rec(0, 0, b""),
+                                                         rec(3, 0, b"abc")]))
+    write("record", "chunked", b"\x40" + records([rec(10, 0, b"abcd"), rec(10, 0, b""),
+                                                  rec(10, 0, b"efghij"), rec(2, 0, b"ok")]))
+    write("record", "rendezvous", b"\xff" + records([
+        rec(1000, 1, struct.pack("<QII", 0x7F0012340000, 0x1234, 2)), rec(1, 0, b"x")]))
+    write("record", "bad_chunk", b"\x40" + records([rec(10, 0, b"abcd"), rec(11, 0, b"e")]))
+    write("record", "over_limit", b"\x01" + records([rec(100, 0, b"x" * 100)]))
+
+
+def rec(total, kind, body):
+    """One record: the 8-byte header (total, kind) and its body."""
+    return struct.pack("<II", total, kind) + body
+
+
+def records(recs):
+    return b"".join(bytes([len(r)]) + r for r in recs)
+
 
 if __name__ == "__main__":
     main()

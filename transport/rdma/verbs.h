@@ -1,10 +1,16 @@
-// Move-only RAII owners for verbs and rdma_cm resources: every error path releases what it made.
+// Move-only RAII owners for verbs and rdma_cm resources: every error path releases what it made;
+// and the few system helpers the RDMA transport's files share.
 #pragma once
 
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
 
 namespace rdmarpc::transport::rdma {
 
@@ -54,5 +60,24 @@ struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
 using AlignedBuffer = std::unique_ptr<std::byte, AlignedFree>;
+
+// `bytes` of zeroed, page-aligned memory; null when out of memory.
+inline AlignedBuffer AllocAligned(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes) != 0) return nullptr;
+  std::memset(p, 0, bytes);
+  return AlignedBuffer(static_cast<std::byte*>(p));
+}
+
+// For the completion and CM event channels, whose fds Asio waits on.
+inline bool SetNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+// "what: <strerror(errno)>", for errors of calls that set errno.
+inline std::string Errno(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
 
 }  // namespace rdmarpc::transport::rdma

@@ -1,0 +1,321 @@
+#include "transport/rdma/device.h"
+
+#include <sched.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <map>
+
+namespace rdmarpc::transport::rdma {
+namespace asio = boost::asio;
+
+ThreadDevice::~ThreadDevice() {
+  Detach();
+  for (auto& slot : cqs_) {
+    if (slot->unacked) ibv_ack_cq_events(slot->cq.get(), slot->unacked);
+  }
+}
+
+Expected<ThreadDevice::CqSlot*> ThreadDevice::AcquireCq(uint32_t send_depth) {
+  const unsigned per_cq = std::max<unsigned>(1, (cqe_ - srq_depth_) / send_depth);
+  for (auto& slot : cqs_) {
+    if (slot->conns < per_cq) {
+      ++slot->conns;
+      return slot.get();
+    }
+  }
+  auto slot = std::make_unique<CqSlot>();
+  slot->cq.reset(ibv_create_cq(verbs_, cqe_, nullptr, channel_.get(), 0));
+  if (!slot->cq) return Error{Errno("ibv_create_cq")};
+  if (ibv_req_notify_cq(slot->cq.get(), 0)) return Error{Errno("ibv_req_notify_cq")};
+  slot->conns = 1;
+  cqs_.push_back(std::move(slot));
+  return cqs_.back().get();
+}
+
+Expected<ThreadDevice::SendBuffer> ThreadDevice::AcquireSendBuffer() {
+  if (free_send_.empty()) {
+    Slab slab;
+    slab.mem = AllocAligned(size_t(kSendBuffersPerSlab) * kRingBytes);
+    if (!slab.mem) return Error{"out of memory for send buffers"};
+    slab.mr.reset(ibv_reg_mr(pd_.get(), slab.mem.get(), size_t(kSendBuffersPerSlab) * kRingBytes,
+                             IBV_ACCESS_LOCAL_WRITE));
+    if (!slab.mr) return Error{Errno("ibv_reg_mr (send slab)")};
+    for (uint32_t i = 0; i < kSendBuffersPerSlab; ++i) {
+      free_send_.push_back({slab.mem.get() + size_t(i) * kRingBytes, slab.mr->lkey});
+    }
+    slabs_.push_back(std::move(slab));
+  }
+  SendBuffer b = free_send_.back();
+  free_send_.pop_back();
+  return b;
+}
+
+size_t ThreadDevice::BulkClass(size_t bytes, size_t* capacity) {
+  size_t cls = 0;
+  while ((kBulkMinBytes << cls) < bytes) ++cls;
+  *capacity = kBulkMinBytes << cls;
+  return cls;
+}
+
+Expected<ThreadDevice::BulkBuffer> ThreadDevice::AcquireBulk(size_t bytes) {
+  size_t cap = 0;
+  const size_t cls = BulkClass(bytes, &cap);
+  if (cls < bulk_free_.size() && !bulk_free_[cls].empty()) {
+    BulkBuffer b = std::move(bulk_free_[cls].back());
+    bulk_free_[cls].pop_back();
+    bulk_cached_ -= cap;
+    return b;
+  }
+  BulkBuffer b;
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, cap) != 0) return Error{"out of memory for a large message"};
+  b.mem.reset(static_cast<std::byte*>(p));
+  b.mr.reset(
+      ibv_reg_mr(pd_.get(), p, cap, IBV_ACCESS_LOCAL_WRITE | (mw_type2_ ? IBV_ACCESS_MW_BIND : 0)));
+  if (!b.mr) return Error{Errno("ibv_reg_mr (large message)")};
+  b.capacity = cap;
+  return b;
+}
+
+void ThreadDevice::ReleaseBulk(BulkBuffer b) {
+  if (!b || bulk_cached_ + b.capacity > kBulkCacheBytes) return;
+  size_t cap = 0;
+  const size_t cls = BulkClass(b.capacity, &cap);
+  if (bulk_free_.size() <= cls) bulk_free_.resize(cls + 1);
+  bulk_cached_ += b.capacity;
+  bulk_free_[cls].push_back(std::move(b));
+}
+
+std::string ThreadDevice::Init() {
+  ibv_device_attr attr{};
+  if (ibv_query_device(verbs_, &attr)) return Errno("ibv_query_device");
+  rd_atom_ = static_cast<uint8_t>(std::max(
+      1, std::min<int>({int(kMaxRendezvous), attr.max_qp_rd_atom, attr.max_qp_init_rd_atom})));
+  mw_type2_ = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && attr.max_mw > 0 &&
+              std::getenv("RDMARPC_NO_MEMORY_WINDOWS") == nullptr;
+  if (!mw_type2_) {
+    spdlog::warn(
+        "rdma: memory windows off on {} (the device has no type-2 windows, or "
+        "RDMARPC_NO_MEMORY_WINDOWS is set): each receive ring is protected by its rkey alone, "
+        "which any connection of the same I/O thread could use",
+        ibv_get_device_name(verbs_->device));
+  }
+  pd_.reset(ibv_alloc_pd(verbs_));
+  if (!pd_) return Errno("ibv_alloc_pd");
+  channel_.reset(ibv_create_comp_channel(verbs_));
+  if (!channel_) return Errno("ibv_create_comp_channel");
+  cqe_ = static_cast<uint32_t>(std::min(attr.max_cqe, 65535));
+  srq_depth_ = std::min<uint32_t>({kSrqDepth, static_cast<uint32_t>(attr.max_srq_wr), cqe_ / 2});
+  if (srq_depth_ == 0) return "the RDMA device supports no shared receive queue";
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = srq_depth_;
+  sa.attr.max_sge = 1;
+  srq_.reset(ibv_create_srq(pd_.get(), &sa));
+  if (!srq_) return Errno("ibv_create_srq");
+  if (!PostReceives(srq_depth_)) return Errno("ibv_post_srq_recv");
+  if (!SetNonBlocking(channel_->fd)) return Errno("fcntl");
+  boost::system::error_code ec;
+  fd_.assign(channel_->fd, ec);
+  if (ec) return "assign completion fd: " + ec.message();
+  return "";
+}
+
+bool ThreadDevice::PostReceives(uint32_t n) {
+  ibv_recv_wr wrs[64];
+  while (n > 0) {
+    const uint32_t k = std::min<uint32_t>(n, 64);
+    for (uint32_t i = 0; i < k; ++i) {
+      wrs[i] = ibv_recv_wr{};
+      wrs[i].wr_id = kRecvWrId;
+      wrs[i].num_sge = 0;
+      wrs[i].next = i + 1 < k ? &wrs[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(srq_.get(), wrs, &bad)) return false;
+    n -= k;
+  }
+  return true;
+}
+
+void ThreadDevice::Arm() {
+  if (busy_poll_) {
+    std::weak_ptr<ThreadDevice> weak = shared_from_this();
+    asio::post(ex_, [weak] {
+      if (auto self = weak.lock()) {
+        self->PollAll();
+        self->CountTime(Stat::kRdmaBusyPollNanos, std::chrono::steady_clock::now());
+        self->Arm();
+      }
+    });
+    return;
+  }
+  Sleep();
+}
+
+void ThreadDevice::Sleep() {
+  std::weak_ptr<ThreadDevice> weak = shared_from_this();
+  mark_ = std::chrono::steady_clock::now();
+  fd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](boost::system::error_code ec) {
+    if (ec) return;
+    auto self = weak.lock();
+    if (!self) return;
+    Count(Stat::kRdmaWakeups);
+    self->CountTime(Stat::kRdmaSleepNanos, std::chrono::steady_clock::now());
+    self->TakeEventsAndRearm();
+    self->DrainEvented();
+  });
+}
+
+void ThreadDevice::TakeEventsAndRearm() {
+  ibv_cq* cq;
+  void* ctx;
+  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+    for (auto& slot : cqs_) {
+      if (slot->cq.get() != cq) continue;
+      slot->evented = true;
+      // Acknowledge in batches: each ack takes a mutex inside libibverbs.
+      if (++slot->unacked >= 64) {
+        ibv_ack_cq_events(cq, slot->unacked);
+        slot->unacked = 0;
+      }
+    }
+  }
+  for (auto& slot : cqs_) {
+    if (slot->evented) ibv_req_notify_cq(slot->cq.get(), 0);
+  }
+}
+
+void ThreadDevice::StartSpin() {
+  mark_ = std::chrono::steady_clock::now();
+  spin_until_ = mark_ + spin_window_;
+  PostSpin();
+}
+
+void ThreadDevice::PostSpin() {
+  std::weak_ptr<ThreadDevice> weak = shared_from_this();
+  asio::post(ex_, [weak] {
+    if (auto self = weak.lock()) self->Spin();
+  });
+}
+
+void ThreadDevice::Spin() {
+  uint32_t taken = PollAll();
+  auto now = std::chrono::steady_clock::now();
+  CountTime(Stat::kRdmaSpinNanos, now);
+  if (taken) spin_until_ = now + spin_window_;
+  if (now < spin_until_) {
+    // Found nothing: let any other runnable thread on this CPU go first. When threads
+    // outnumber cores, the one that will produce the awaited completion (the peer in the same
+    // process or machine) may be waiting for this very CPU; spinning through a time slice
+    // cost milliseconds per message in a 2-vCPU guest.
+    if (!taken) sched_yield();
+    PostSpin();
+    return;
+  }
+  // The window closed: re-arm what raised events while spinning, then poll once more, so
+  // that nothing that completed before the arming is left waiting for an event.
+  TakeEventsAndRearm();
+  for (auto& slot : cqs_) slot->evented = false;
+  if (PollAll()) {
+    spin_until_ = now + spin_window_;
+    PostSpin();
+    return;
+  }
+  Sleep();
+}
+
+void ThreadDevice::DrainEvented() {
+  bool more = false;
+  for (auto& slot : cqs_) {
+    if (!slot->evented) continue;
+    slot->evented = Poll(slot->cq.get()) >= kPollBudget;
+    more = more || slot->evented;
+  }
+  if (!more) {
+    if (spin_window_.count() > 0) {
+      StartSpin();
+    } else {
+      Sleep();
+    }
+    return;
+  }
+  std::weak_ptr<ThreadDevice> weak = shared_from_this();
+  asio::post(ex_, [weak] {
+    if (auto self = weak.lock()) self->DrainEvented();
+  });
+}
+
+void ThreadDevice::CountTime(Stat s, std::chrono::steady_clock::time_point now) {
+  Count(s, static_cast<uint64_t>(std::chrono::nanoseconds(now - mark_).count()));
+  mark_ = now;
+}
+
+uint32_t ThreadDevice::PollAll() {
+  uint32_t taken = 0;
+  for (auto& slot : cqs_) taken += Poll(slot->cq.get());
+  return taken;
+}
+
+uint32_t ThreadDevice::Poll(ibv_cq* cq) {
+  ibv_wc wcs[32];
+  uint32_t taken = 0, polls = 0;
+  while (taken < kPollBudget) {
+    int n = ibv_poll_cq(cq, 32, wcs);
+    ++polls;
+    if (n <= 0) break;
+    taken += static_cast<uint32_t>(n);
+    uint32_t receives = 0;
+    for (int i = 0; i < n; ++i) {
+      // Every receive completion, even of a closed connection or with an error, used one SRQ WR.
+      if (wcs[i].wr_id == kRecvWrId) ++receives;
+      auto it = by_qp_.find(wcs[i].qp_num);
+      if (it == by_qp_.end()) continue;
+      if (auto c = it->second.lock()) c->OnCompletion(wcs[i]);
+    }
+    if (receives && !PostReceives(receives)) {
+      spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
+    }
+  }
+  Count(Stat::kRdmaCqPolls, polls);
+  if (taken) Count(Stat::kRdmaCompletions, taken);
+  return taken;
+}
+
+namespace {
+// Keeps each io_context's ThreadDevices inside that io_context, as an Asio service: they live and
+// die with it. (A global map keyed by the context's address once handed a new io_context the
+// device of a destroyed one at the same address, whose completion fd nobody waited on any more.)
+class DeviceService final : public asio::execution_context::service {
+ public:
+  using key_type = DeviceService;
+  static inline asio::execution_context::id id;
+  explicit DeviceService(asio::execution_context& ctx) : service(ctx) {}
+
+  void shutdown() override {
+    for (auto& [verbs, weak] : devices_) {
+      if (auto d = weak.lock()) d->Detach();
+    }
+    devices_.clear();
+  }
+
+  // Only from the context's own thread: no lock.
+  std::map<ibv_context*, std::weak_ptr<ThreadDevice>> devices_;
+};
+}  // namespace
+
+Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ibv_context* verbs,
+                                                          const Options& options) {
+  auto& service = asio::use_service<DeviceService>(asio::query(ex, asio::execution::context));
+  auto& slot = service.devices_[verbs];
+  if (auto d = slot.lock()) return d;
+  auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, options));
+  std::string err = d->Init();
+  if (!err.empty()) return Error{err};
+  slot = d;
+  d->Arm();
+  return d;
+}
+
+}  // namespace rdmarpc::transport::rdma

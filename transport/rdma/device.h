@@ -1,0 +1,179 @@
+// Per I/O thread and device state of the RDMA transport: the protection domain, the shared
+// receive queue, the CQs and their completion channel, the registered send slabs and the
+// large-message registration cache, and the polling (adaptive, busy or event-driven) that hands
+// each completion to its connection (a CompletionSink).
+//
+// Threading: a ThreadDevice belongs to one I/O thread (one io_context); call it only there.
+// Nothing here takes a lock.
+#pragma once
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/rdma/tunables.h"
+#include "transport/rdma/verbs.h"
+#include "transport/stats.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::transport::rdma {
+
+// What a ThreadDevice hands each work completion to: the connection that owns the QP.
+class CompletionSink {
+ public:
+  virtual void OnCompletion(const ibv_wc& wc) = 0;
+
+ protected:
+  ~CompletionSink() = default;
+};
+
+// Per I/O thread and device: the PD, one completion channel whose fd Asio waits on, one SRQ and
+// one or more CQs. A CQ takes connections only while the worst case fits in it: every SRQ receive
+// completed into it plus every connection's send queue flushed into it at once. Past that a new
+// CQ is created on the same channel, so the number of connections is not bounded by max_cqe.
+class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
+ public:
+  struct CqSlot {
+    Cq cq;
+    unsigned unacked = 0;  // events taken with ibv_get_cq_event but not yet acknowledged
+    unsigned conns = 0;
+    bool evented = false;
+  };
+
+  // The device state of the I/O thread that runs `ex`, created on first use. Call on that thread.
+  // The first connection or listener on the thread sets its polling (Options::busy_poll and
+  // poll_spin_us); later ones share it.
+  static Expected<std::shared_ptr<ThreadDevice>> For(const Executor& ex, ibv_context* verbs,
+                                                     const Options& options);
+
+  ~ThreadDevice();
+
+  // Stops waiting on the completion fd; for when the io_context goes away first.
+  void Detach() {
+    if (fd_.is_open()) fd_.release();
+  }
+
+  ibv_pd* pd() const { return pd_.get(); }
+  ibv_srq* srq() const { return srq_.get(); }
+  // Whether rings can be exposed through type-2 memory windows (bound to one QP each).
+  bool qp_bound_windows() const { return mw_type2_; }
+
+  // A CQ with room for one more connection whose send queue holds `send_depth` requests.
+  Expected<CqSlot*> AcquireCq(uint32_t send_depth);
+  void ReleaseCq(CqSlot* slot) { --slot->conns; }
+
+  // A connection's send staging buffer (kRingBytes), carved from slabs this thread registered
+  // once with local access only: connecting costs no registration for it, and the peer cannot
+  // touch it. Slabs are kept until the thread's device state goes; buffers are reused.
+  struct SendBuffer {
+    std::byte* data = nullptr;
+    uint32_t lkey = 0;
+  };
+  Expected<SendBuffer> AcquireSendBuffer();
+  // Only once the QP that used `b` is destroyed.
+  void ReleaseSendBuffer(SendBuffer b) { free_send_.push_back(b); }
+
+  // A registered buffer for one large message: serialized into on the sending side and exposed
+  // to the peer through a memory window, or RDMA-READ into on the receiving side. Registered
+  // with local access only (and MW_BIND, so that a window bound to one QP can expose it).
+  struct BulkBuffer {
+    AlignedBuffer mem;
+    Mr mr;  // declared after mem: deregistered before it is freed
+    size_t capacity = 0;
+    std::byte* data() const { return mem.get(); }
+    explicit operator bool() const { return mem != nullptr; }
+  };
+  // The size class of `bytes` (0 for up to kBulkMinBytes, doubling after) and its capacity.
+  static size_t BulkClass(size_t bytes, size_t* capacity);
+  // One of at least `bytes`, from the cache when one of its size class is free.
+  Expected<BulkBuffer> AcquireBulk(size_t bytes);
+  // Only once no QP can touch `b` any more (its window invalidated, its read finished, or the
+  // QP destroyed). Kept registered while the cache has room, else deregistered and freed.
+  void ReleaseBulk(BulkBuffer b);
+
+  // RDMA READs a connection may have outstanding, and serve, at once (CM conn_param).
+  uint8_t rd_atom() const { return rd_atom_; }
+
+  void Register(uint32_t qp_num, std::weak_ptr<CompletionSink> c) { by_qp_[qp_num] = std::move(c); }
+  void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
+
+ private:
+  ThreadDevice(const Executor& ex, ibv_context* verbs, const Options& options)
+      : ex_(ex),
+        verbs_(verbs),
+        fd_(ex),
+        busy_poll_(options.busy_poll),
+        spin_window_(std::chrono::microseconds(std::max(0, options.poll_spin_us))) {}
+
+  std::string Init();
+
+  // Posts `n` zero-length receives (RDMA_WRITE_WITH_IMM needs a receive but no buffer) in
+  // chains of up to 64, one doorbell each.
+  bool PostReceives(uint32_t n);
+
+  // Starts the thread's polling: a busy-poll loop, or a wait on the completion channel.
+  void Arm();
+
+  // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
+  void Sleep();
+
+  // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
+  // they are polled, so that a completion landing in between raises a new event. Marks them.
+  void TakeEventsAndRearm();
+
+  // Adaptive polling. Once the CQs are drained, the thread keeps polling them from posted
+  // handlers (so its other work runs in between) for spin_window_ after the last completion,
+  // and only then goes back to sleeping on the channel: a request-reply exchange whose answer
+  // comes within the window costs no wake-up (an event, an epoll return and a re-arm on each
+  // side, the bulk of a small call's latency in events mode), while an idle thread sleeps.
+  // CQs stay armed while spinning, so each raises at most one event meanwhile; those are taken
+  // when the window closes.
+  void StartSpin();
+  void PostSpin();
+  void Spin();
+
+  // Polls the CQs that had an event. A CQ that still has completions after its budget stays
+  // marked and is polled again from a posted handler, so that the work those completions
+  // started (handler coroutines finishing, replies, timers) runs in between; only when every CQ
+  // is drained does the thread go back to waiting on the completion channel.
+  void DrainEvented();
+
+  // Takes up to kPollBudget completions from `cq` and returns how many: kPollBudget means some
+  // may be left.
+  uint32_t Poll(ibv_cq* cq);
+  // Adds the time since mark_ to `s` and moves mark_ to `now`.
+  void CountTime(Stat s, std::chrono::steady_clock::time_point now);
+  // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
+  uint32_t PollAll();
+
+  Executor ex_;
+  ibv_context* verbs_;
+  // Declaration order is destruction order reversed: CQs and SRQ before the channel and the PD.
+  Pd pd_;
+  CompChannel channel_;
+  Srq srq_;
+  std::vector<std::unique_ptr<CqSlot>> cqs_;
+  struct Slab {
+    AlignedBuffer mem;
+    Mr mr;  // declared after mem: deregistered before it is freed
+  };
+  std::vector<Slab> slabs_;
+  std::vector<SendBuffer> free_send_;
+  std::vector<std::vector<BulkBuffer>> bulk_free_;  // by size class
+  size_t bulk_cached_ = 0;
+  uint32_t cqe_ = 0, srq_depth_ = 0;
+  uint8_t rd_atom_ = 1;
+  bool mw_type2_ = false;
+  boost::asio::posix::stream_descriptor fd_;
+  bool busy_poll_;
+  std::chrono::nanoseconds spin_window_;
+  std::chrono::steady_clock::time_point spin_until_{};
+  // Where the time accounting (CountTime) last stopped: busy-poll, spin or sleep started there.
+  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
+  std::unordered_map<uint32_t, std::weak_ptr<CompletionSink>> by_qp_;
+};
+
+}  // namespace rdmarpc::transport::rdma

@@ -1,0 +1,72 @@
+// The RDMA transport's sizes and limits, in one place: what a connection pins, how deep its
+// queues are, how the I/O thread polls. Changing a size here changes memory per connection
+// (docs/BENCHMARKS.md) and, for kRingBytes, what a peer accepts (docs/PROTOCOL.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmarpc::transport::rdma {
+
+// Each connection's receive ring, and its send staging buffer of the same size: 64 KiB pinned
+// per connection. Small messages (a record is at most a quarter of the ring, 8 KiB) go through
+// the ring; larger ones by rendezvous (see Expose), so the ring need not hold a bulk pipeline.
+// (It was 1 MiB, 2 MiB per connection: 350 idle connections filled a 2 GiB guest.)
+inline constexpr uint32_t kRingBytes = 32u << 10;
+// Large messages a connection may have exposed at once (its peer reads them in order).
+inline constexpr uint32_t kMaxRendezvous = 4;
+// Bytes a connection reads ahead of the message it is delivering: a further large message is
+// fetched while earlier ones are in flight only within this budget (the first always is).
+inline constexpr uint64_t kFetchAheadBytes = 8u << 20;
+// Registered buffers for large messages come in powers of two from this size, and each I/O
+// thread keeps up to kBulkCacheBytes of freed ones registered for reuse (a registration cache:
+// a steady stream of large messages registers nothing after warm-up).
+inline constexpr size_t kBulkMinBytes = 16u << 10;
+inline constexpr size_t kBulkCacheBytes = 64u << 20;
+// Send work requests kept free for control messages (credits, FINs, reads, invalidations):
+// data records and rendezvous stop short of them.
+inline constexpr uint32_t kControlReserve = 16;
+// A signaled send's wr_id: bits 0-31 how many sends it retires, 32-39 a tag saying what else
+// its completion means, 40-47 the rendezvous slot.
+inline constexpr uint64_t kTagRead = 1;        // our RDMA READ of the peer's message finished
+inline constexpr uint64_t kTagInvalidate = 2;  // the window over our exposed message is invalid
+// The tag and slot bits of a signaled send's wr_id (PostSend adds the count).
+inline constexpr uint64_t WrTag(uint64_t tag, uint32_t slot) {
+  return (tag << 32) | (uint64_t(slot) << 40);
+}
+// Receives kept posted in each I/O thread's shared receive queue (SRQ), for all its connections.
+// An RDMA_WRITE_WITH_IMM consumes one; they are reposted as completions are polled. A per-QP
+// receive queue deep enough for a full ring of small records (16k) made every closing connection
+// flush 16k completions into the thread's CQ, and two at once overflowed it (rxe: 32767 CQEs),
+// which put every other QP on that CQ into error.
+inline constexpr uint32_t kSrqDepth = 8192;
+// Send work requests a connection may have outstanding. Chunks are up to a quarter of the ring,
+// so a few suffice for bulk; 256 keeps 256 small records in flight.
+inline constexpr uint32_t kSendDepth = 256;
+// wr_id of every receive; sends carry small counts (see PostWrite), so the two never collide.
+// (A completion's opcode is undefined when its status is an error; wr_id is not.)
+inline constexpr uint64_t kRecvWrId = ~uint64_t(0);
+// Send staging buffers come from registered slabs of this many.
+inline constexpr uint32_t kSendBuffersPerSlab = 8;
+// Selective signaling: one signaled send per this many.
+inline constexpr uint32_t kSignalEvery = 32;
+// Completions taken from one CQ before the I/O thread runs its other queued work. Polling until
+// the CQ is empty starved that work while a fast peer kept the CQ busy: each finished call's
+// coroutine frame waited in the queue, and a 1 M-call soak grew the server's heap by hundreds
+// of MiB (docs/RELIABILITY.md, "Soak").
+inline constexpr uint32_t kPollBudget = 256;
+inline constexpr int kResolveTimeoutMs = 2000;
+// How long a server waits, at least, for the CM's ESTABLISHED after accepting. The wait ends at
+// once if the client goes away (the CM reports that too), so a long one costs nothing with
+// live clients; a short one cost clients: when 100 connect at once, this server's own event
+// loop can take seconds to get to an ESTABLISHED, and a server that gave up first destroyed
+// the QP under a client that was just finishing, which saw RDMA_CM_EVENT_CONNECT_ERROR (the
+// "100 connections at once" flake: with the wait cut to 300 ms, 113 give-ups, 113
+// CONNECT_ERRORs).
+inline constexpr int kEstablishWaitMinMs = 30000;
+// What one message waiting for credit costs beyond its bytes (its vector, the deque slot, the
+// allocator's header), counted in queued_send_bytes() so that a flood of tiny messages (PONGs)
+// is charged for the memory it really takes.
+inline constexpr size_t kPendingOverheadBytes = 64;
+
+}  // namespace rdmarpc::transport::rdma
