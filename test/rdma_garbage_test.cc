@@ -86,12 +86,11 @@ class RawVerbsPeer {
     param.rnr_retry_count = 7;
     if (rdma_connect(id_, &param)) Fail("rdma_connect");
     // A synchronous id keeps the ESTABLISHED event, with the server's HELLO (its ring).
-    transport::Hello server;
-    if (!id_->event || !transport::DecodeHello(id_->event->param.conn.private_data,
-                                               id_->event->param.conn.private_data_len, &server)
-                            .empty()) {
-      Fail("no server ring in the accept");
-    }
+    if (!id_->event) Fail("no server ring in the accept");
+    auto decoded = transport::DecodeHello(id_->event->param.conn.private_data,
+                                          id_->event->param.conn.private_data_len);
+    if (!decoded.ok()) Fail("no server ring in the accept");
+    const transport::Hello& server = decoded.value();
     remote_addr_ = server.ring_addr;
     remote_rkey_ = server.ring_rkey;
     remote_bytes_ = server.ring_bytes;

@@ -9,6 +9,13 @@
 
 using namespace rdmarpc::transport::rdma;
 
+namespace {
+// What went wrong, or "" for success.
+std::string ErrorOf(const rdmarpc::transport::Expected<void>& e) {
+  return e.ok() ? "" : e.error().message;
+}
+}  // namespace
+
 TEST_CASE("a sender never gets more than the ring's size without credits", "[ring]") {
   SendRing s(4096);
   int records = 0;
@@ -39,7 +46,7 @@ TEST_CASE("sender and receiver agree on offsets through many wrap-arounds", "[ri
       while (!in_flight.empty()) {
         auto [o, len] = in_flight.front();
         in_flight.pop_front();
-        REQUIRE(r.Accept(o, len).empty());
+        REQUIRE(r.Accept(o, len).ok());
       }
       REQUIRE(s.OnCredit(r.TakeCredits(0)));
       at = s.Reserve(n);
@@ -57,16 +64,16 @@ TEST_CASE("sender and receiver agree on offsets through many wrap-arounds", "[ri
 
 TEST_CASE("the receiver rejects records outside the ring or out of order", "[ring]") {
   ReceiveRing r(4096);
-  CHECK_THAT(r.Accept(4096, 1), Catch::Contains("outside"));
-  CHECK_THAT(r.Accept(4000, 200), Catch::Contains("outside"));
-  CHECK_THAT(r.Accept(128, 10), Catch::Contains("expected 0"));
-  CHECK_THAT(r.Accept(0, 0), Catch::Contains("empty"));
-  REQUIRE(r.Accept(0, 10).empty());
+  CHECK_THAT(ErrorOf(r.Accept(4096, 1)), Catch::Contains("outside"));
+  CHECK_THAT(ErrorOf(r.Accept(4000, 200)), Catch::Contains("outside"));
+  CHECK_THAT(ErrorOf(r.Accept(128, 10)), Catch::Contains("expected 0"));
+  CHECK_THAT(ErrorOf(r.Accept(0, 0)), Catch::Contains("empty"));
+  REQUIRE(r.Accept(0, 10).ok());
   CHECK(r.head() == 64);
-  CHECK_THAT(r.Accept(192, 10), Catch::Contains("expected 64"));
+  CHECK_THAT(ErrorOf(r.Accept(192, 10)), Catch::Contains("expected 64"));
   CHECK(r.TakeCredits(0) == 64);
   // A skip back to 0 frees the tail that was skipped.
-  REQUIRE(r.Accept(0, 64).empty());
+  REQUIRE(r.Accept(0, 64).ok());
   CHECK(r.TakeCredits(0) == (4096 - 64) + 64);
 }
 
@@ -85,21 +92,21 @@ TEST_CASE("a sender that writes past its credits is caught", "[ring]") {
   // While the receiver withholds credit (a paused connection), the sender may fill the ring
   // exactly once; one more record is a protocol violation, not an overwrite.
   ReceiveRing r(4096);
-  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r.Accept((i * 64) % 4096, 64).empty());
-  CHECK_THAT(r.Accept(0, 64), Catch::Contains("past its credits"));
+  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r.Accept((i * 64) % 4096, 64).ok());
+  CHECK_THAT(ErrorOf(r.Accept(0, 64)), Catch::Contains("past its credits"));
   // Once the credit is returned, the same record is fine.
   ReceiveRing r2(4096);
-  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r2.Accept((i * 64) % 4096, 64).empty());
+  for (int i = 0; i < 4096 / 64; ++i) REQUIRE(r2.Accept((i * 64) % 4096, 64).ok());
   CHECK(r2.TakeCredits(0) == 4096);
-  CHECK(r2.Accept(0, 64).empty());
+  CHECK(r2.Accept(0, 64).ok());
 }
 
 TEST_CASE("credits are returned only past the threshold", "[ring]") {
   ReceiveRing r(4096);
-  REQUIRE(r.Accept(0, 64).empty());
+  REQUIRE(r.Accept(0, 64).ok());
   CHECK(r.TakeCredits(1024) == 0);
   CHECK(r.unreported() == 64);
-  for (int i = 1; i < 16; ++i) REQUIRE(r.Accept(i * 64, 64).empty());
+  for (int i = 1; i < 16; ++i) REQUIRE(r.Accept(i * 64, 64).ok());
   CHECK(r.TakeCredits(1024) == 1024);
   CHECK(r.unreported() == 0);
 }

@@ -395,7 +395,7 @@ TEST_CASE("a raw TCP peer sending garbage is dropped; other clients are still se
 }
 
 TEST_CASE("rdma:// without an RDMA device fails at once with a clear message", "[rpc][rdma]") {
-  if (!transport::rdma::DeviceUnavailableReason().empty()) {
+  if (!transport::rdma::DeviceAvailable().ok()) {
     // This host has no RDMA device (ibv_get_device_list returns NULL or nothing).
     Server server;
     const auto start = std::chrono::steady_clock::now();

@@ -1,7 +1,10 @@
-// Expected<T>: a value or a transport Error, for the transport layer's fallible operations.
-// The RPC layer turns an Error into a Status; transports know nothing of Status.
+// Expected<T>: a value or a transport Error, for the transport layer's fallible operations;
+// Expected<void>: success or an Error. The transport's one error convention (no "" meaning
+// success, no bare bool for a failure that has a reason). The RPC layer turns an Error into a
+// Status; transports know nothing of Status.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -28,6 +31,18 @@ class Expected {
 
  private:
   std::variant<T, Error> v_;
+};
+
+template <>
+class Expected<void> {
+ public:
+  Expected() = default;                                // success
+  Expected(Error error) : error_(std::move(error)) {}  // NOLINT: implicit by design
+  bool ok() const { return !error_.has_value(); }
+  const Error& error() const { return *error_; }
+
+ private:
+  std::optional<Error> error_;
 };
 
 }  // namespace rdmarpc::transport

@@ -96,35 +96,36 @@ void EncodeHello(const Hello& h, uint8_t* out) {
   }
 }
 
-std::string DecodeHello(const void* data, size_t len, Hello* out) {
+Expected<Hello> DecodeHello(const void* data, size_t len) {
   if (data == nullptr || len < kHelloBytes) {
-    return "handshake too short (" + std::to_string(data ? len : 0) + " bytes, need " +
-           std::to_string(kHelloBytes) + ")";
+    return Error{"handshake too short (" + std::to_string(data ? len : 0) + " bytes, need " +
+                 std::to_string(kHelloBytes) + ")"};
   }
   const auto* p = static_cast<const uint8_t*>(data);
-  if (Get32(p) != kHelloMagic) return "not an rdmarpc peer (bad handshake magic)";
+  if (Get32(p) != kHelloMagic) return Error{"not an rdmarpc peer (bad handshake magic)"};
   if (const uint16_t v = Get16(p + 4); v != kHandshakeVersion) {
-    return "unsupported handshake version " + std::to_string(v) + " (this side speaks " +
-           std::to_string(kHandshakeVersion) + ")";
+    return Error{"unsupported handshake version " + std::to_string(v) + " (this side speaks " +
+                 std::to_string(kHandshakeVersion) + ")"};
   }
   const uint16_t flags = Get16(p + 6);
   if (flags & ~(kFlagWantsAuth | kFlagProof)) {
-    return "unknown handshake flags " + std::to_string(flags);
+    return Error{"unknown handshake flags " + std::to_string(flags)};
   }
-  if ((flags & kFlagProof) && !(flags & kFlagWantsAuth)) return "a proof without authentication";
-  out->ring_addr = Get64(p + 8);
-  out->ring_rkey = Get32(p + 16);
-  out->ring_bytes = Get32(p + 20);
-  out->wants_auth = (flags & kFlagWantsAuth) != 0;
-  out->has_proof = (flags & kFlagProof) != 0;
-  std::memcpy(out->client_nonce.data(), p + 24, 8);
-  out->challenge = {};
-  out->proof = {};
-  if (out->has_proof) {
-    std::memcpy(out->challenge.data(), p + 32, 8);
-    std::memcpy(out->proof.data(), p + 40, 16);
+  if ((flags & kFlagProof) && !(flags & kFlagWantsAuth)) {
+    return Error{"a proof without authentication"};
   }
-  return "";
+  Hello h;
+  h.ring_addr = Get64(p + 8);
+  h.ring_rkey = Get32(p + 16);
+  h.ring_bytes = Get32(p + 20);
+  h.wants_auth = (flags & kFlagWantsAuth) != 0;
+  h.has_proof = (flags & kFlagProof) != 0;
+  std::memcpy(h.client_nonce.data(), p + 24, 8);
+  if (h.has_proof) {
+    std::memcpy(h.challenge.data(), p + 32, 8);
+    std::memcpy(h.proof.data(), p + 40, 16);
+  }
+  return h;
 }
 
 Refusal RefusalForBadHello(const void* data, size_t len) {
@@ -145,29 +146,29 @@ void EncodeAnswer(const Answer& a, uint8_t* out) {
   std::memcpy(out + 16, a.proof.data(), 32);
 }
 
-std::string DecodeAnswer(const void* data, size_t len, Answer* out) {
+Expected<Answer> DecodeAnswer(const void* data, size_t len) {
   const auto* p = static_cast<const uint8_t*>(data);
   // A server of another handshake version may answer with fewer bytes; its code still counts.
-  if (p == nullptr || len < 8) return "handshake answer too short";
-  if (Get32(p) != kHelloMagic) return "not an rdmarpc server (bad handshake magic)";
+  if (p == nullptr || len < 8) return Error{"handshake answer too short"};
+  if (Get32(p) != kHelloMagic) return Error{"not an rdmarpc server (bad handshake magic)"};
   const uint16_t code = Get16(p + 6);
   if (code > static_cast<uint16_t>(Refusal::kBusy)) {
-    return "unknown handshake answer " + std::to_string(code);
+    return Error{"unknown handshake answer " + std::to_string(code)};
   }
-  *out = Answer{};
-  out->code = static_cast<Refusal>(code);
+  Answer out;
+  out.code = static_cast<Refusal>(code);
   if (Get16(p + 4) != kHandshakeVersion) {
     // Only a refusal is understood across versions (the server says it does not speak ours).
-    if (out->code == Refusal::kNone || out->code == Refusal::kChallenge) {
-      return "the server speaks handshake version " + std::to_string(Get16(p + 4)) +
-             ", this side " + std::to_string(kHandshakeVersion);
+    if (out.code == Refusal::kNone || out.code == Refusal::kChallenge) {
+      return Error{"the server speaks handshake version " + std::to_string(Get16(p + 4)) +
+                   ", this side " + std::to_string(kHandshakeVersion)};
     }
-    return "";
+    return out;
   }
-  if (len < kAnswerBytes) return "handshake answer too short";
-  std::memcpy(out->challenge.data(), p + 8, 8);
-  std::memcpy(out->proof.data(), p + 16, 32);
-  return "";
+  if (len < kAnswerBytes) return Error{"handshake answer too short"};
+  std::memcpy(out.challenge.data(), p + 8, 8);
+  std::memcpy(out.proof.data(), p + 16, 32);
+  return out;
 }
 
 std::string RefusalText(Refusal r) {
@@ -238,16 +239,17 @@ ServerProof Authenticator::ProveServer(const Hello& client, const Hello& server)
                                     client.challenge));
 }
 
-std::string Authenticator::CheckServer(const Hello& sent, const Hello& server,
-                                       const Answer& answer) const {
-  if (!has_secret()) return "";
+Expected<void> Authenticator::CheckServer(const Hello& sent, const Hello& server,
+                                          const Answer& answer) const {
+  if (!has_secret()) return {};
   const ServerProof want = HmacSha256(
       secret_, Concat("rdmarpc-v3 server", RingFields(server), sent.client_nonce, sent.challenge));
   if (!sent.has_proof || CRYPTO_memcmp(want.data(), answer.proof.data(), want.size()) != 0) {
-    return "authentication failed: the server did not prove that it knows the shared secret "
-           "(it has none configured, or another one)";
+    return Error{
+        "authentication failed: the server did not prove that it knows the shared secret "
+        "(it has none configured, or another one)"};
   }
-  return "";
+  return {};
 }
 
 Nonce Authenticator::MakeChallenge(const Nonce& client_nonce, uint32_t issued_s) const {

@@ -29,6 +29,8 @@
 #include <string>
 #include <string_view>
 
+#include "transport/expected.h"
+
 namespace rdmarpc::transport {
 
 inline constexpr uint32_t kHelloMagic = 0x31435052;  // "RPC1" little-endian
@@ -56,8 +58,8 @@ struct Hello {
 };
 
 void EncodeHello(const Hello& h, uint8_t* out);  // writes kHelloBytes
-// Returns "" and fills `out`, or says what is wrong (short, not an rdmarpc peer, version).
-std::string DecodeHello(const void* data, size_t len, Hello* out);
+// The HELLO in `data`, or what is wrong with it (short, not an rdmarpc peer, version).
+Expected<Hello> DecodeHello(const void* data, size_t len);
 
 enum class Refusal : uint16_t {
   kNone = 0,         // accepted
@@ -79,7 +81,9 @@ struct Answer {
 Refusal RefusalForBadHello(const void* data, size_t len);
 
 void EncodeAnswer(const Answer& a, uint8_t* out);  // writes kAnswerBytes
-std::string DecodeAnswer(const void* data, size_t len, Answer* out);
+// The ANSWER in `data`, or what is wrong with it. From a server of another handshake version
+// only a refusal is understood (its other fields are left empty).
+Expected<Answer> DecodeAnswer(const void* data, size_t len);
 // What a refused client reports, e.g. "authentication failed: ...".
 std::string RefusalText(Refusal r);
 
@@ -99,9 +103,9 @@ class Authenticator {
   // Fills `h`'s challenge and proof for the server's `challenge`. Call after the ring fields
   // are final: the proof covers them.
   void Prove(Hello* h, const Nonce& challenge) const;
-  // For an accepted connection: "" when the server proved it knows our secret (or we have
-  // none), else why the connection must not be used.
-  std::string CheckServer(const Hello& sent, const Hello& server, const Answer& answer) const;
+  // For an accepted connection: success when the server proved it knows our secret (or we
+  // have none), else why the connection must not be used.
+  Expected<void> CheckServer(const Hello& sent, const Hello& server, const Answer& answer) const;
 
   // --- server ---
   // kNone: `h` may connect. kChallenge: answer with `*challenge`, expect the HELLO again with

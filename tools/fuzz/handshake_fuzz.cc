@@ -11,8 +11,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace rdmarpc::transport;
   static const Authenticator auth("fuzz secret");
   static const Authenticator open("");
-  Hello h;
-  if (DecodeHello(data, size, &h).empty()) {
+  if (Expected<Hello> decoded = DecodeHello(data, size); decoded.ok()) {
+    const Hello& h = decoded.value();
     uint8_t again[kHelloBytes];
     EncodeHello(h, again);
     if (std::memcmp(again, data, 32) != 0) std::abort();  // magic .. client nonce
@@ -27,8 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const Refusal r = RefusalForBadHello(data, size);
     if (r != Refusal::kBadVersion && r != Refusal::kServerError) std::abort();
   }
-  Answer answer;
-  if (DecodeAnswer(data, size, &answer).empty()) {
+  if (Expected<Answer> decoded = DecodeAnswer(data, size); decoded.ok()) {
+    const Answer& answer = decoded.value();
     (void)RefusalText(answer.code);
     if (size >= kAnswerBytes && data[4] == (kHandshakeVersion & 0xff) && data[5] == 0) {
       uint8_t again[kAnswerBytes];

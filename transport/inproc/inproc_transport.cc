@@ -374,7 +374,7 @@ class InprocListener final : public Listener {
 
 // The set-up exchange TCP and RDMA run over the wire, run in memory with the same
 // Authenticator: the same refusals (wrong or missing secret) and the same proofs.
-std::string Handshake(const Authenticator& server, const Options& client_options) {
+Expected<void> Handshake(const Authenticator& server, const Options& client_options) {
   const Authenticator client(client_options.auth_secret);
   Hello hello = client.NewHello();
   Answer answer;
@@ -386,7 +386,9 @@ std::string Handshake(const Authenticator& server, const Options& client_options
     if (answer.code != Refusal::kChallenge || !hello.wants_auth) break;
     client.Prove(&hello, answer.challenge);
   }
-  if (answer.code != Refusal::kNone) return "refused by the server: " + RefusalText(answer.code);
+  if (answer.code != Refusal::kNone) {
+    return Error{"refused by the server: " + RefusalText(answer.code)};
+  }
   return client.CheckServer(hello, Hello{}, answer);
 }
 
@@ -429,8 +431,8 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
     if (it != r.listeners.end()) state = it->second;
   }
   if (!state) co_return Error{"connect to " + uri + " failed: Connection refused"};
-  if (std::string err = Handshake(state->auth, options); !err.empty()) {
-    co_return Error{"connect to " + uri + ": " + err};
+  if (auto shaken = Handshake(state->auth, options); !shaken.ok()) {
+    co_return Error{"connect to " + uri + ": " + shaken.error().message};
   }
   Executor server_executor;
   uint64_t number = 0;

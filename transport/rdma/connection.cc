@@ -21,20 +21,18 @@ Hello WithRing(Hello h, const RingDescriptor& d) {
   return h;
 }
 
-std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d, Hello* hello) {
-  Hello h;
-  if (std::string err = DecodeHello(data, len, &h); !err.empty()) return err;
-  d->addr = h.ring_addr;
-  d->rkey = h.ring_rkey;
-  d->bytes = h.ring_bytes;
+Expected<PeerHello> DecodePeerHello(const void* data, size_t len) {
+  Expected<Hello> hello = DecodeHello(data, len);
+  if (!hello.ok()) return hello.error();
+  const Hello& h = hello.value();
+  const RingDescriptor d{h.ring_addr, h.ring_rkey, h.ring_bytes};
   // A sender stages each record at the same offset as in the peer's ring, so it can write into a
   // ring no larger than its own staging buffer (kRingBytes).
-  if (d->bytes < 4096 || d->bytes % kRecordAlignBytes != 0 || d->bytes > kRingBytes) {
-    return "peer ring size " + std::to_string(d->bytes) + " is not usable (4 KiB to " +
-           std::to_string(kRingBytes >> 10) + " KiB, a multiple of 64)";
+  if (d.bytes < 4096 || d.bytes % kRecordAlignBytes != 0 || d.bytes > kRingBytes) {
+    return Error{"peer ring size " + std::to_string(d.bytes) + " is not usable (4 KiB to " +
+                 std::to_string(kRingBytes >> 10) + " KiB, a multiple of 64)"};
   }
-  if (hello) *hello = h;
-  return "";
+  return PeerHello{h, d};
 }
 
 namespace {
@@ -66,25 +64,25 @@ RdmaConnection::~RdmaConnection() {
   }
 }
 
-std::string RdmaConnection::Adopt(CmId id, EventChannel events) {
+Expected<void> RdmaConnection::Adopt(CmId id, EventChannel events) {
   id_ = std::move(id);
   events_ = std::move(events);
-  if (!SetNonBlocking(events_->fd)) return Errno("fcntl");
+  if (!SetNonBlocking(events_->fd)) return Error{Errno("fcntl")};
   boost::system::error_code ec;
   event_fd_.assign(events_->fd, ec);
-  if (ec) return "assign CM fd: " + ec.message();
-  return "";
+  if (ec) return Error{"assign CM fd: " + ec.message()};
+  return {};
 }
 
-std::string RdmaConnection::Setup() {
-  if (id_->verbs == nullptr) return "the CM id is not bound to an RDMA device";
+Expected<void> RdmaConnection::Setup() {
+  if (id_->verbs == nullptr) return Error{"the CM id is not bound to an RDMA device"};
   auto dev = ThreadDevice::For(executor_, id_->verbs, options_);
-  if (!dev.ok()) return dev.error().message;
+  if (!dev.ok()) return dev.error();
   dev_ = dev.value();
   recv_buf_ = AllocAligned(kRingBytes);
-  if (!recv_buf_) return "out of memory for the receive ring";
+  if (!recv_buf_) return Error{"out of memory for the receive ring"};
   auto send = dev_->AcquireSendBuffer();
-  if (!send.ok()) return send.error().message;
+  if (!send.ok()) return send.error();
   send_ = send.value();
   // The receive ring is the only memory the peer may touch, and only to write. All connections
   // of a thread share one protection domain (their SRQ and send slabs need it), so an MR's
@@ -96,10 +94,10 @@ std::string RdmaConnection::Setup() {
   recv_mr_.reset(ibv_reg_mr(
       dev_->pd(), recv_buf_.get(), kRingBytes,
       IBV_ACCESS_LOCAL_WRITE | (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE)));
-  if (!recv_mr_) return Errno("ibv_reg_mr (receive ring)");
+  if (!recv_mr_) return Error{Errno("ibv_reg_mr (receive ring)")};
   ring_rkey_ = recv_mr_->rkey;
   auto slot = dev_->AcquireCq(kSendDepth);
-  if (!slot.ok()) return slot.error().message;
+  if (!slot.ok()) return slot.error();
   cq_slot_ = slot.value();
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_slot_->cq.get();
@@ -112,7 +110,7 @@ std::string RdmaConnection::Setup() {
   qa.cap.max_inline_data = 64;
   if (rdma_create_qp(id_.get(), dev_->pd(), &qa)) {
     qa.cap.max_inline_data = 0;  // some devices grant no inline data at all
-    if (rdma_create_qp(id_.get(), dev_->pd(), &qa)) return Errno("rdma_create_qp");
+    if (rdma_create_qp(id_.get(), dev_->pd(), &qa)) return Error{Errno("rdma_create_qp")};
   }
   max_inline_ = qa.cap.max_inline_data;
   send_depth_ = qa.cap.max_send_wr;
@@ -122,13 +120,13 @@ std::string RdmaConnection::Setup() {
     // newest first, and rxe (kernel 6.1) stalls 50 s destroying a QP that a bound window
     // still references, which kept killed servers from disconnecting their clients.
     recv_mw_.reset(ibv_alloc_mw(dev_->pd(), IBV_MW_TYPE_2));
-    if (!recv_mw_) return Errno("ibv_alloc_mw");
+    if (!recv_mw_) return Error{Errno("ibv_alloc_mw")};
     uint8_t key = 0;
     while (key == 0 || key == (recv_mw_->rkey & 0xff)) key = static_cast<uint8_t>(RandomByte());
     ring_rkey_ = (recv_mw_->rkey & 0xffffff00u) | key;
   }
   dev_->Register(qp_num_, weak_from_this());
-  return "";
+  return {};
 }
 
 void RdmaConnection::SetRemoteRing(const RingDescriptor& d) {
@@ -137,7 +135,7 @@ void RdmaConnection::SetRemoteRing(const RingDescriptor& d) {
   send_ring_ = SendRing(d.bytes, /*granted=*/false);
 }
 
-std::string RdmaConnection::Open() {
+Expected<void> RdmaConnection::Open() {
   if (recv_mw_) {
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_BIND_MW;
@@ -147,12 +145,12 @@ std::string RdmaConnection::Open() {
     wr.bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(recv_buf_.get());
     wr.bind_mw.bind_info.length = kRingBytes;
     wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (!PostSend(wr)) return "cannot bind the receive ring's memory window";
+    if (!PostSend(wr)) return Error{"cannot bind the receive ring's memory window"};
   }
   if (!PostWrite(0, 0, kImmCreditBit | (kRingBytes / kRecordAlignBytes))) {
-    return "cannot grant the receive ring";
+    return Error{"cannot grant the receive ring"};
   }
-  return "";
+  return {};
 }
 
 asio::awaitable<CmEvent> RdmaConnection::NextEvent(int timeout_ms) {
@@ -580,8 +578,8 @@ void RdmaConnection::SendPending() {
 }
 
 void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
-  if (std::string err = recv_ring_.Accept(offset, bytes); !err.empty()) {
-    CloseWith("protocol error: " + err);
+  if (auto accepted = recv_ring_.Accept(offset, bytes); !accepted.ok()) {
+    CloseWith("protocol error: " + accepted.error().message);
     return;
   }
   RecordAssembler::Result r =

@@ -41,10 +41,13 @@ struct RingDescriptor {
 // A HELLO carrying `d` (and whatever authentication fields `h` already has).
 Hello WithRing(Hello h, const RingDescriptor& d);
 
-// Returns an empty string and fills `d` (and `hello`, when given), or says why the bytes are not
-// a valid descriptor.
-std::string DecodeDescriptor(const void* data, size_t len, RingDescriptor* d,
-                             Hello* hello = nullptr);
+// A peer's HELLO from the CM private data, and the receive ring it describes.
+struct PeerHello {
+  Hello hello;
+  RingDescriptor ring;
+};
+// The HELLO in `data` with a ring this side can write into, or what is wrong with it.
+Expected<PeerHello> DecodePeerHello(const void* data, size_t len);
 
 class RdmaConnection final : public Connection,
                              public CompletionSink,
@@ -64,11 +67,11 @@ class RdmaConnection final : public Connection,
   ~RdmaConnection() override;
 
   // Takes ownership of `id` and its event channel, whose events NextEvent then waits for.
-  std::string Adopt(CmId id, EventChannel events);
+  Expected<void> Adopt(CmId id, EventChannel events);
 
   // Once the id is bound to a device: creates the QP on this thread's CQ, registers the rings
   // and posts the receives.
-  std::string Setup();
+  Expected<void> Setup();
 
   RingDescriptor LocalRing() const {
     return {reinterpret_cast<uint64_t>(recv_buf_.get()), ring_rkey_, kRingBytes};
@@ -79,7 +82,7 @@ class RdmaConnection final : public Connection,
   // Once ESTABLISHED (the QP can send): makes our ring writable by the peer, through this QP
   // only, and grants it as credit. The grant is a zero-byte write (which touches no memory) that
   // follows the bind on the same send queue, so the peer never writes before the window works.
-  std::string Open();
+  Expected<void> Open();
 
   rdma_cm_id* id() { return id_.get(); }
   uint8_t rd_atom() const { return dev_->rd_atom(); }

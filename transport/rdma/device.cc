@@ -88,9 +88,9 @@ void ThreadDevice::ReleaseBulk(BulkBuffer b) {
   bulk_free_[cls].push_back(std::move(b));
 }
 
-std::string ThreadDevice::Init() {
+Expected<void> ThreadDevice::Init() {
   ibv_device_attr attr{};
-  if (ibv_query_device(verbs_, &attr)) return Errno("ibv_query_device");
+  if (ibv_query_device(verbs_, &attr)) return Error{Errno("ibv_query_device")};
   rd_atom_ = static_cast<uint8_t>(std::max(
       1, std::min<int>({int(kMaxRendezvous), attr.max_qp_rd_atom, attr.max_qp_init_rd_atom})));
   mw_type2_ = (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 && attr.max_mw > 0 &&
@@ -103,23 +103,23 @@ std::string ThreadDevice::Init() {
         ibv_get_device_name(verbs_->device));
   }
   pd_.reset(ibv_alloc_pd(verbs_));
-  if (!pd_) return Errno("ibv_alloc_pd");
+  if (!pd_) return Error{Errno("ibv_alloc_pd")};
   channel_.reset(ibv_create_comp_channel(verbs_));
-  if (!channel_) return Errno("ibv_create_comp_channel");
+  if (!channel_) return Error{Errno("ibv_create_comp_channel")};
   cqe_ = static_cast<uint32_t>(std::min(attr.max_cqe, 65535));
   srq_depth_ = std::min<uint32_t>({kSrqDepth, static_cast<uint32_t>(attr.max_srq_wr), cqe_ / 2});
-  if (srq_depth_ == 0) return "the RDMA device supports no shared receive queue";
+  if (srq_depth_ == 0) return Error{"the RDMA device supports no shared receive queue"};
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = srq_depth_;
   sa.attr.max_sge = 1;
   srq_.reset(ibv_create_srq(pd_.get(), &sa));
-  if (!srq_) return Errno("ibv_create_srq");
-  if (!PostReceives(srq_depth_)) return Errno("ibv_post_srq_recv");
-  if (!SetNonBlocking(channel_->fd)) return Errno("fcntl");
+  if (!srq_) return Error{Errno("ibv_create_srq")};
+  if (!PostReceives(srq_depth_)) return Error{Errno("ibv_post_srq_recv")};
+  if (!SetNonBlocking(channel_->fd)) return Error{Errno("fcntl")};
   boost::system::error_code ec;
   fd_.assign(channel_->fd, ec);
-  if (ec) return "assign completion fd: " + ec.message();
-  return "";
+  if (ec) return Error{"assign completion fd: " + ec.message()};
+  return {};
 }
 
 bool ThreadDevice::PostReceives(uint32_t n) {
@@ -311,8 +311,7 @@ Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ib
   auto& slot = service.devices_[verbs];
   if (auto d = slot.lock()) return d;
   auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, options));
-  std::string err = d->Init();
-  if (!err.empty()) return Error{err};
+  if (auto inited = d->Init(); !inited.ok()) return inited.error();
   slot = d;
   d->Arm();
   return d;

@@ -108,7 +108,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
         busy_poll_(options.busy_poll),
         spin_window_(std::chrono::microseconds(std::max(0, options.poll_spin_us))) {}
 
-  std::string Init();
+  Expected<void> Init();
 
   // Posts `n` zero-length receives (RDMA_WRITE_WITH_IMM needs a receive but no buffer) in
   // chains of up to 64, one doorbell each.

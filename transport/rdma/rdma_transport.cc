@@ -36,18 +36,18 @@
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
 
-std::string DeviceUnavailableReason() {
+Expected<void> DeviceAvailable() {
   int n = 0;
   errno = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (list == nullptr) {
     int err = errno;
-    return std::string("no RDMA device present (ibv_get_device_list: ") + std::strerror(err) +
-           "); use tcp://, or run inside the Soft-RoCE VM (tools/vm/rxe_vm.sh)";
+    return Error{std::string("no RDMA device present (ibv_get_device_list: ") + std::strerror(err) +
+                 "); use tcp://, or run inside the Soft-RoCE VM (tools/vm/rxe_vm.sh)"};
   }
   ibv_free_device_list(list);
-  if (n == 0) return "no RDMA device present (ibv_get_device_list found none); use tcp://";
-  return "";
+  if (n == 0) return Error{"no RDMA device present (ibv_get_device_list found none); use tcp://"};
+  return {};
 }
 
 namespace {
@@ -122,19 +122,19 @@ class RdmaListener final : public Listener {
         return;
       }
       rdma_cm_id* child = e->id;
-      RingDescriptor remote;
-      Hello hello;
-      std::string err = DecodeDescriptor(e->param.conn.private_data, e->param.conn.private_data_len,
-                                         &remote, &hello);
+      Expected<PeerHello> decoded =
+          DecodePeerHello(e->param.conn.private_data, e->param.conn.private_data_len);
       std::string peer = SockaddrUri(rdma_get_peer_addr(child));
       // Refused or challenged before anything is allocated for the peer, and before it learns
       // any rkey: a challenge is a reject too, and the client connects again with its proof.
       Answer answer;
-      if (!err.empty()) {
+      std::string err;
+      if (!decoded.ok()) {
+        err = decoded.error().message;
         answer.code =
             RefusalForBadHello(e->param.conn.private_data, e->param.conn.private_data_len);
       } else {
-        answer.code = auth.Check(hello, &answer.challenge);
+        answer.code = auth.Check(decoded.value().hello, &answer.challenge);
         if (answer.code != Refusal::kNone) err = RefusalText(answer.code);
       }
       rdma_ack_cm_event(e);  // the private data is not read after this
@@ -161,28 +161,27 @@ class RdmaListener final : public Listener {
       Executor target = executors[next++ % executors.size()];
       asio::co_spawn(
           target,
-          Accept(shared_from_this(), target, CmId(child), std::move(ch), remote, hello, peer),
+          Accept(shared_from_this(), target, CmId(child), std::move(ch), decoded.value(), peer),
           asio::detached);
     }
 
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, Executor ex, CmId id,
-                                        EventChannel ch, RingDescriptor remote, Hello client,
-                                        std::string peer) {
+                                        EventChannel ch, PeerHello client, std::string peer) {
       auto conn = std::make_shared<RdmaConnection>(ex, self->options, peer);
       rdma_cm_id* raw = id.get();
-      std::string err = conn->Adopt(std::move(id), std::move(ch));
-      if (err.empty()) err = conn->Setup();
-      if (!err.empty()) {
-        spdlog::warn("rdma: set-up for {} failed: {}", peer, err);
+      Expected<void> set_up = conn->Adopt(std::move(id), std::move(ch));
+      if (set_up.ok()) set_up = conn->Setup();
+      if (!set_up.ok()) {
+        spdlog::warn("rdma: set-up for {} failed: {}", peer, set_up.error().message);
         RejectWith(raw, Refusal::kServerError);
         co_return;
       }
-      conn->SetRemoteRing(remote);
+      conn->SetRemoteRing(client.ring);
       // Private data of the accept: our HELLO (where our ring is), then an ANSWER whose proof
       // shows a client with a secret that we know it too.
       const Hello ours = WithRing(Hello{}, conn->LocalRing());
       Answer answer;
-      answer.proof = self->auth.ProveServer(client, ours);
+      answer.proof = self->auth.ProveServer(client.hello, ours);
       uint8_t data[kHelloBytes + kAnswerBytes];
       EncodeHello(ours, data);
       EncodeAnswer(answer, data + kHelloBytes);
@@ -201,8 +200,8 @@ class RdmaListener final : public Listener {
       ev.reset();
       if (self->closed) co_return;
       conn->WatchEvents();
-      if (std::string err = conn->Open(); !err.empty()) {
-        spdlog::warn("rdma: connection from {}: {}", peer, err);
+      if (auto opened = conn->Open(); !opened.ok()) {
+        spdlog::warn("rdma: connection from {}: {}", peer, opened.error().message);
       }
       self->on_accept(conn);
     }
@@ -270,7 +269,7 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
                                            const std::vector<Executor>& executors,
                                            AcceptHandler on_accept, const Options& options) {
   const std::string what = "rdma listen on " + endpoint.ToUri() + ": ";
-  if (std::string why = DeviceUnavailableReason(); !why.empty()) return Error{what + why};
+  if (auto device = DeviceAvailable(); !device.ok()) return Error{what + device.error().message};
   if (executors.empty()) return Error{what + "no executors"};
   auto sa = ResolveHost(endpoint);
   if (!sa.ok()) return Error{what + sa.error().message};
@@ -335,8 +334,8 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
   }
   // The connection owns the id and its channel from here, so every exit below releases them.
   auto conn = std::make_shared<RdmaConnection>(executor, options, endpoint.ToUri());
-  if (std::string err = conn->Adopt(CmId(raw), std::move(events)); !err.empty()) {
-    co_return fail(err);
+  if (auto adopted = conn->Adopt(CmId(raw), std::move(events)); !adopted.ok()) {
+    co_return fail(adopted.error().message);
   }
   auto describe = [](const CmEvent& ev) {
     return std::string(rdma_event_str(ev->event)) + " (status " + std::to_string(ev->status) + ")";
@@ -360,7 +359,7 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
       co_return fail("route resolution failed: " + describe(ev), true);
     }
   }
-  if (std::string err = conn->Setup(); !err.empty()) co_return fail(err);
+  if (auto set_up = conn->Setup(); !set_up.ok()) co_return fail(set_up.error().message);
   *hello = WithRing(*hello, conn->LocalRing());
   if (challenge) auth.Prove(hello, *challenge);  // the proof covers the ring fields
   uint8_t data[kHelloBytes];
@@ -374,10 +373,10 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
   if (ev->event == RDMA_CM_EVENT_REJECTED) {
     // An rdmarpc server says why (or challenges us) in the reject's private data; a bare reject
     // means nobody listens on that port.
-    Answer answer;
-    if (DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len, &answer)
-            .empty() &&
-        answer.code != Refusal::kNone) {
+    Expected<Answer> decoded =
+        DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len);
+    if (decoded.ok() && decoded.value().code != Refusal::kNone) {
+      const Answer& answer = decoded.value();
       if (answer.code == Refusal::kChallenge && hello->wants_auth && !challenge) {
         out.challenge = answer.challenge;
         co_return out;
@@ -394,24 +393,31 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
     co_return fail(describe(ev), ev->event == RDMA_CM_EVENT_CONNECT_ERROR ||
                                      ev->event == RDMA_CM_EVENT_UNREACHABLE);
   }
-  RingDescriptor remote;
-  Hello server;
-  std::string err = DecodeDescriptor(ev->param.conn.private_data, ev->param.conn.private_data_len,
-                                     &remote, &server);
-  Answer answer;
-  if (err.empty() && ev->param.conn.private_data_len >= kHelloBytes + kAnswerBytes) {
-    err = DecodeAnswer(static_cast<const uint8_t*>(ev->param.conn.private_data) + kHelloBytes,
-                       kAnswerBytes, &answer);
+  // The accept's private data: the server's HELLO (its ring), then its ANSWER (its proof).
+  Expected<PeerHello> server =
+      DecodePeerHello(ev->param.conn.private_data, ev->param.conn.private_data_len);
+  Expected<void> accepted = server.ok() ? Expected<void>() : server.error();
+  if (accepted.ok()) {
+    Answer answer;  // none (a server without a secret may send only its HELLO): no proof
+    if (ev->param.conn.private_data_len >= kHelloBytes + kAnswerBytes) {
+      Expected<Answer> decoded = DecodeAnswer(
+          static_cast<const uint8_t*>(ev->param.conn.private_data) + kHelloBytes, kAnswerBytes);
+      if (decoded.ok()) {
+        answer = decoded.value();
+      } else {
+        accepted = decoded.error();
+      }
+    }
+    if (accepted.ok()) accepted = auth.CheckServer(*hello, server.value().hello, answer);
   }
-  if (err.empty()) err = auth.CheckServer(*hello, server, answer);
   ev.reset();
-  if (!err.empty()) {
+  if (!accepted.ok()) {
     conn->Close();
-    co_return fail(err);
+    co_return fail(accepted.error().message);
   }
-  conn->SetRemoteRing(remote);
+  conn->SetRemoteRing(server.value().ring);
   conn->WatchEvents();
-  if (std::string e = conn->Open(); !e.empty()) co_return fail(e);
+  if (auto opened = conn->Open(); !opened.ok()) co_return fail(opened.error().message);
   out.conn = std::move(conn);
   co_return out;
 }
@@ -422,7 +428,9 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
                                                                Executor executor,
                                                                const Options& options) {
   const std::string what = "rdma connect to " + endpoint.ToUri() + ": ";
-  if (std::string why = DeviceUnavailableReason(); !why.empty()) co_return Error{what + why};
+  if (auto device = DeviceAvailable(); !device.ok()) {
+    co_return Error{what + device.error().message};
+  }
   auto sa = co_await ResolveHostAsync(endpoint, executor);
   if (!sa.ok()) co_return Error{what + sa.error().message};
   const auto until =

@@ -6,8 +6,8 @@
 
 namespace rdmarpc::transport::rdma {
 
-// Returns an empty string when an RDMA device is usable, else why not (for error messages).
-std::string DeviceUnavailableReason();
+// Succeeds when an RDMA device is usable, else says why not (for error messages).
+Expected<void> DeviceAvailable();
 
 Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
                                            const std::vector<Executor>& executors,

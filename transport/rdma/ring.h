@@ -11,6 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "transport/expected.h"
+
 namespace rdmarpc::transport::rdma {
 
 inline constexpr uint32_t kRecordAlignBytes = 64;
@@ -83,35 +85,35 @@ class ReceiveRing {
  public:
   explicit ReceiveRing(uint32_t ring_bytes) : size_(ring_bytes) {}
 
-  // A record of `bytes` arrived at `offset`. Returns an empty string if that is where the
-  // protocol says the next record may be (at the head, or at 0 after a skip) and it fits; else
-  // what is wrong. On success the record counts as consumed (call after using it).
-  std::string Accept(uint64_t offset, uint64_t bytes) {
+  // A record of `bytes` arrived at `offset`. Succeeds if that is where the protocol says the
+  // next record may be (at the head, or at 0 after a skip) and it fits; else says what is
+  // wrong. On success the record counts as consumed (call after using it).
+  Expected<void> Accept(uint64_t offset, uint64_t bytes) {
     if (offset >= size_ || bytes > size_ - offset) {
-      return "record at " + std::to_string(offset) + " of " + std::to_string(bytes) +
-             " bytes is outside the " + std::to_string(size_) + "-byte ring";
+      return Error{"record at " + std::to_string(offset) + " of " + std::to_string(bytes) +
+                   " bytes is outside the " + std::to_string(size_) + "-byte ring"};
     }
-    if (bytes == 0) return "empty record";
+    if (bytes == 0) return Error{"empty record"};
     uint64_t skipped = 0;
     if (offset != head_) {
       if (offset != 0) {
-        return "record at " + std::to_string(offset) + ", expected " + std::to_string(head_);
+        return Error{"record at " + std::to_string(offset) + ", expected " + std::to_string(head_)};
       }
       skipped = size_ - head_;
     }
     const uint64_t used = AlignRecord(bytes);
-    if (offset + used > size_) return "record overruns the ring";
+    if (offset + used > size_) return Error{"record overruns the ring"};
     // Everything consumed since the last credit return is still charged to the sender, which may
     // never have more than the ring unfreed: beyond that it wrote without credit (over records
     // this side has not consumed yet, or past a pause that withholds credit).
     if (unreported_ + skipped + used > size_) {
-      return "peer wrote past its credits (" + std::to_string(unreported_ + skipped + used) +
-             " bytes unreturned in a " + std::to_string(size_) + "-byte ring)";
+      return Error{"peer wrote past its credits (" + std::to_string(unreported_ + skipped + used) +
+                   " bytes unreturned in a " + std::to_string(size_) + "-byte ring)"};
     }
     head_ = offset + used;
     if (head_ == size_) head_ = 0;
     unreported_ += skipped + used;
-    return "";
+    return {};
   }
 
   // Credits to return now: everything freed since the last report, once at least `threshold`

@@ -408,12 +408,13 @@ class TcpListener final : public Listener {
         spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
         co_return;
       }
-      Hello hello;
       answer = Answer{};
-      if (std::string err = DecodeHello(buf, n, &hello); !err.empty()) {
-        spdlog::warn("tcp: refusing connection from {}: {}", peer, err);
+      Expected<Hello> decoded = DecodeHello(buf, n);
+      if (!decoded.ok()) {
+        spdlog::warn("tcp: refusing connection from {}: {}", peer, decoded.error().message);
         answer.code = RefusalForBadHello(buf, n);
       } else {
+        const Hello& hello = decoded.value();
         answer.code = s->auth.Check(hello, &answer.challenge);
         // A second HELLO must carry the proof the challenge asked for.
         if (answer.code == Refusal::kChallenge && round > 0) answer.code = Refusal::kBadSecret;
@@ -526,9 +527,10 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
       co_return Error{"connect to " + endpoint.ToUri() + ": no handshake answer (" + rec.message() +
                       "); is it an rdmarpc server?"};
     }
-    if (std::string err = DecodeAnswer(in, rn, &answer); !err.empty()) {
-      co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
-    }
+    Expected<Answer> decoded = DecodeAnswer(in, rn);
+    if (!decoded.ok())
+      co_return Error{"connect to " + endpoint.ToUri() + ": " + decoded.error().message};
+    answer = decoded.value();
     if (answer.code != Refusal::kChallenge || round > 0 || !hello.wants_auth) break;
     auth.Prove(&hello, answer.challenge);
   }
@@ -538,8 +540,8 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
     e.busy = answer.code == Refusal::kBusy;
     co_return e;
   }
-  if (std::string err = auth.CheckServer(hello, Hello{}, answer); !err.empty()) {
-    co_return Error{"connect to " + endpoint.ToUri() + ": " + err};
+  if (auto proved = auth.CheckServer(hello, Hello{}, answer); !proved.ok()) {
+    co_return Error{"connect to " + endpoint.ToUri() + ": " + proved.error().message};
   }
   co_return std::shared_ptr<Connection>(
       std::make_shared<TcpConnection>(std::move(socket), options));
