@@ -7,6 +7,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -1220,7 +1221,10 @@ Channel::~Channel() {
     own_loop_.reset();
     return;
   }
-  asio::post(executor_, [core = core_] { core->Shutdown(); });
+  // At once when this runs on the channel's loop (a coroutine dropping its channel, the usual
+  // case): a posted close could be abandoned by a loop stopping right after, leaving the
+  // connection <-> core reference cycle to leak both (LSan, stream_test, 2026-12-02).
+  asio::dispatch(executor_, [core = core_] { core->Shutdown(); });
 }
 
 void Channel::Close() {

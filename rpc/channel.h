@@ -100,7 +100,9 @@ class Channel {
   static Result<std::shared_ptr<Channel>> ConnectBlocking(std::string uri,
                                                           ChannelOptions options = {});
 
-  // Closes the connection; calls still in flight fail with UNAVAILABLE.
+  // Closes the connection; calls still in flight fail with UNAVAILABLE. The close runs on the
+  // channel's executor: keep its io_context running until it has (ioc.run() returning is
+  // enough), or the connection and the channel's state are never freed.
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;

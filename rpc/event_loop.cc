@@ -1,20 +1,40 @@
 #include "rpc/event_loop.h"
 
+#include <chrono>
+#include <future>
+
 namespace rdmarpc {
+
+namespace {
+// How long the destructor lets the loop finish by itself before stopping it.
+constexpr auto kDrainLimit = std::chrono::milliseconds(200);
+}  // namespace
 
 EventLoopThread::EventLoopThread()
     : ioc_(std::make_unique<boost::asio::io_context>(1)), work_(ioc_->get_executor()) {
-  thread_ = std::thread([ctx = ioc_.get()] { ctx->run(); });
+  std::promise<void> ran;
+  finished_ = ran.get_future();
+  thread_ = std::thread([ctx = ioc_.get(), ran = std::move(ran)]() mutable {
+    ctx->run();
+    ran.set_value();
+  });
 }
 
 EventLoopThread::~EventLoopThread() {
   work_.reset();
-  ioc_->stop();
   if (in_loop_thread()) {
+    ioc_->stop();
     thread_.detach();
     (void)ioc_.release();  // the detached thread is still inside run(): never free under it
     return;
   }
+  // First let run() return by itself: it does once the queued work has run (e.g. the close a
+  // destroyed Channel posted, which breaks its connection <-> handler cycle) and no other thread
+  // holds work on this context (a channel of another loop completing a call made from here: it
+  // touches this context just after the caller resumed, and stopping and freeing the context
+  // under it crashed stream_test, 2026-12-02). Only what stays attached (open sockets, timers)
+  // makes it wait the limit; then the loop is stopped and that work abandoned.
+  if (finished_.wait_for(kDrainLimit) != std::future_status::ready) ioc_->stop();
   thread_.join();
 }
 

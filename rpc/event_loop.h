@@ -5,6 +5,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <future>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -15,8 +16,10 @@ class EventLoopThread {
  public:
   // Starts the thread at once.
   EventLoopThread();
-  // Stops the loop (abandoning queued work) and joins. Safe to run on the loop thread itself:
-  // then the thread is detached and the context deliberately leaked instead of self-joined.
+  // Lets the loop finish by itself (its queued work run, other threads' work on it released),
+  // waiting at most 200 ms; then stops it, abandoning what is still attached (open sockets,
+  // timers), and joins. Safe to run on the loop thread itself: then the loop is stopped, the
+  // thread detached and the context deliberately leaked instead of self-joined.
   ~EventLoopThread();
   EventLoopThread(const EventLoopThread&) = delete;
   EventLoopThread& operator=(const EventLoopThread&) = delete;
@@ -28,6 +31,7 @@ class EventLoopThread {
  private:
   std::unique_ptr<boost::asio::io_context> ioc_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::future<void> finished_;  // ready once run() returned
   std::thread thread_;
 };
 
