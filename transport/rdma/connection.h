@@ -30,8 +30,8 @@
 
 namespace rdmarpc::transport::rdma {
 
-// What each side tells the other in the CM private data (a handshake Hello): where its receive
-// ring is, and from a client, the authentication token.
+// Where a receive ring is: what each side's HELLO (the CM private data) tells the other, beside
+// the authentication fields.
 struct RingDescriptor {
   uint64_t addr = 0;
   uint32_t rkey = 0;
