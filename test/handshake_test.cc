@@ -7,15 +7,12 @@
 #include <cstring>
 #include <string>
 
+#include "test/expected_text.h"
+
 using namespace rdmarpc::transport;
+using rdmarpc::testing::ErrorOf;
 
 namespace {
-// What went wrong, or "" for success.
-template <class T>
-std::string ErrorOf(const Expected<T>& e) {
-  return e.ok() ? "" : e.error().message;
-}
-
 std::string Hex(const std::array<uint8_t, 32>& d) {
   static const char* kDigits = "0123456789abcdef";
   std::string s;

@@ -4,17 +4,12 @@
 #include <deque>
 #include <random>
 
+#include "test/expected_text.h"
 #include "transport/rdma/ring.h"
 #include "transport/rdma/start_gate.h"
 
 using namespace rdmarpc::transport::rdma;
-
-namespace {
-// What went wrong, or "" for success.
-std::string ErrorOf(const rdmarpc::transport::Expected<void>& e) {
-  return e.ok() ? "" : e.error().message;
-}
-}  // namespace
+using rdmarpc::testing::ErrorOf;
 
 TEST_CASE("a sender never gets more than the ring's size without credits", "[ring]") {
   SendRing s(4096);
