@@ -309,6 +309,26 @@ struct Attempt {
   std::optional<Nonce> challenge;  // the server wants our proof: connect again with it
 };
 
+// The accept's private data: the server's HELLO (its ring), then its ANSWER (its proof of our
+// secret). Private data holding only a HELLO carries no proof, which CheckServer refuses when we
+// have a secret. The server's ring, or why the connection must not be used.
+Expected<RingDescriptor> AcceptedRing(const rdma_conn_param& accept, const Authenticator& auth,
+                                      const Hello& sent) {
+  Expected<PeerHello> server = DecodePeerHello(accept.private_data, accept.private_data_len);
+  if (!server.ok()) return server.error();
+  Answer answer;
+  if (accept.private_data_len >= kHelloBytes + kAnswerBytes) {
+    Expected<Answer> decoded =
+        DecodeAnswer(static_cast<const uint8_t*>(accept.private_data) + kHelloBytes, kAnswerBytes);
+    if (!decoded.ok()) return decoded.error();
+    answer = decoded.value();
+  }
+  if (auto proved = auth.CheckServer(sent, server.value().hello, answer); !proved.ok()) {
+    return proved.error();
+  }
+  return server.value().ring;
+}
+
 int MsUntil(std::chrono::steady_clock::time_point t) {
   return static_cast<int>(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::milliseconds>(t - std::chrono::steady_clock::now())
@@ -393,29 +413,13 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
     co_return fail(describe(ev), ev->event == RDMA_CM_EVENT_CONNECT_ERROR ||
                                      ev->event == RDMA_CM_EVENT_UNREACHABLE);
   }
-  // The accept's private data: the server's HELLO (its ring), then its ANSWER (its proof).
-  Expected<PeerHello> server =
-      DecodePeerHello(ev->param.conn.private_data, ev->param.conn.private_data_len);
-  Expected<void> accepted = server.ok() ? Expected<void>() : server.error();
-  if (accepted.ok()) {
-    Answer answer;  // none (a server without a secret may send only its HELLO): no proof
-    if (ev->param.conn.private_data_len >= kHelloBytes + kAnswerBytes) {
-      Expected<Answer> decoded = DecodeAnswer(
-          static_cast<const uint8_t*>(ev->param.conn.private_data) + kHelloBytes, kAnswerBytes);
-      if (decoded.ok()) {
-        answer = decoded.value();
-      } else {
-        accepted = decoded.error();
-      }
-    }
-    if (accepted.ok()) accepted = auth.CheckServer(*hello, server.value().hello, answer);
-  }
+  Expected<RingDescriptor> ring = AcceptedRing(ev->param.conn, auth, *hello);
   ev.reset();
-  if (!accepted.ok()) {
+  if (!ring.ok()) {
     conn->Close();
-    co_return fail(accepted.error().message);
+    co_return fail(ring.error().message);
   }
-  conn->SetRemoteRing(server.value().ring);
+  conn->SetRemoteRing(ring.value());
   conn->WatchEvents();
   if (auto opened = conn->Open(); !opened.ok()) co_return fail(opened.error().message);
   out.conn = std::move(conn);
