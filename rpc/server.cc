@@ -264,6 +264,12 @@ class ServerConnection final : public transport::ConnectionHandler,
     if (conn_) conn_->Close();
   }
 
+  // Shutdown's close: the replies of the calls that just finished may still be queued (TCP
+  // flushes at the end of the event-loop turn), so close once they have left, within a bound.
+  void CloseAfterSending(int limit_ms) {
+    if (conn_) conn_->CloseAfterSending(limit_ms);
+  }
+
   // Tells the client to send no more calls here (see ChannelCore::OnGoAway). Once per connection.
   void SendGoAway(const Status& why, uint8_t flags = 0) {
     if (goaway_sent_ || !conn_ || conn_->closed()) return;
@@ -816,6 +822,10 @@ void Server::AddShutdownHook(std::function<void()> hook) {
   core_->shutdown_hooks.push_back(std::move(hook));
 }
 
+// How long Shutdown waits for a connection's last replies to leave before closing it anyway (a
+// client that does not read would otherwise hold the shutdown up).
+constexpr int kShutdownFlushMs = 2000;
+
 void Server::Shutdown() {
   if (core_->stopped.exchange(true)) return;
   for (auto& hook : core_->shutdown_hooks) hook();
@@ -842,19 +852,29 @@ void Server::Shutdown() {
       spdlog::warn("rdmarpc server: {} calls still running after the drain timeout; closing",
                    core_->in_flight.load());
     }
-    // Close every connection on its own thread, let the closes and replies flush, then stop.
+    // Close every connection on its own thread once what it has queued (the last replies, the
+    // GOAWAY) has left, and keep the loops running until every close has gone through: a loop
+    // stopped earlier would drop replies still waiting for their end-of-turn flush.
     for (auto& t : core_->threads) {
       asio::post(t->ioc, [th = t.get()] {
         auto conns = th->connections;  // closing mutates the set
-        for (auto& c : conns) c->Close();
+        for (auto& c : conns) c->CloseAfterSending(kShutdownFlushMs);
       });
     }
+    const auto flush_deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(kShutdownFlushMs + 500);
     for (auto& t : core_->threads) {
-      // Shared with the handler: a loop too slow to run it within the wait runs it later, from
-      // the poll() below, after this scope is gone (TSan: heap-use-after-free on a starved VM).
-      auto flushed = std::make_shared<std::promise<void>>();
-      asio::post(t->ioc, [flushed] { flushed->set_value(); });
-      flushed->get_future().wait_for(std::chrono::seconds(2));
+      while (true) {
+        // Shared with the handler: a loop too slow to run it before the deadline runs it later,
+        // from the poll() below, after this scope is gone (TSan: heap-use-after-free on a
+        // starved VM).
+        auto open = std::make_shared<std::promise<size_t>>();
+        asio::post(t->ioc, [open, th = t.get()] { open->set_value(th->connections.size()); });
+        auto answer = open->get_future();
+        if (answer.wait_until(flush_deadline) != std::future_status::ready) break;
+        if (answer.get() == 0 || std::chrono::steady_clock::now() >= flush_deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       t->work.reset();
       t->ioc.stop();
     }

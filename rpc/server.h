@@ -95,8 +95,9 @@ class Server {
 
   // Stops accepting, sends GOAWAY on every connection (clients stop sending new calls here and
   // reconnect elsewhere or later), answers calls that still arrive with UNAVAILABLE, waits up to
-  // drain_timeout for in-flight calls, then closes every connection (callers of calls still
-  // running get UNAVAILABLE) and joins the I/O threads. Blocking; do not call from a handler (use
+  // drain_timeout for in-flight calls, then closes every connection once its queued replies
+  // have left (at most 2 s more for a client that does not read; callers of calls still running
+  // get UNAVAILABLE) and joins the I/O threads. Blocking; do not call from a handler (use
   // RequestShutdown).
   void Shutdown();
 

@@ -305,6 +305,31 @@ TEST_CASE("clients that send and never read cannot grow the server past its budg
   }
 }
 
+TEST_CASE("a client that never reads its replies holds a shutdown up for a bounded time",
+          "[hostile][tcp][shutdown]") {
+  // Shutdown lets each connection's queued replies leave before closing it, so that calls that
+  // finished during the drain are not lost; a client that reads nothing must not turn that into
+  // a server that never exits (the bound: 2 s, then the connection is closed anyway).
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  const uint32_t say = MethodId("/demo.Echo/Say");
+  int fd = RawClient(PortOf(uri));
+  uint64_t i = 0;
+  const size_t sent = Flood(fd, 1500ms, [&] { return SayRequest(++i, say, 256 << 10); });
+  REQUIRE(sent > (4u << 20));  // replies piled up on the server's side
+  const auto t0 = std::chrono::steady_clock::now();
+  server->Signal(SIGTERM);
+  while (server->running() && std::chrono::steady_clock::now() - t0 < 30s) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("shutdown with a client that does not read: %.2f s\n", took);
+  const bool exited = !server->running();
+  if (!exited) server->Kill();
+  CHECK(exited);
+  CHECK(took < 10.0);  // the 2 s flush bound plus start-up slack on a loaded machine
+  close(fd);
+}
+
 TEST_CASE("length prefixes that announce 64 MiB allocate nothing until the bytes arrive",
           "[hostile][tcp][memory]") {
   auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});

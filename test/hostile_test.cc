@@ -308,10 +308,11 @@ TEST_CASE("a server shut down while clients are connecting stops cleanly", "[hos
 
 TEST_CASE("a server whose handler blocks its I/O thread through shutdown stops cleanly",
           "[hostile][shutdown]") {
-  // Shutdown waits 2 s for each I/O thread to flush, then stops it and runs what was left queued
-  // on the calling thread. A thread blocked past that wait (here by a handler that sleeps
-  // instead of co_awaiting) left the flush notification to run after its promise was gone: a
-  // use-after-free (found by TSan in a starved guest; ASan and TSan report it here).
+  // Shutdown waits 2.5 s for the I/O threads to close their connections, then stops them and
+  // runs what was left queued on the calling thread. A thread blocked past that wait (here by a
+  // handler that sleeps instead of co_awaiting) left the flush notification to run after its
+  // promise was gone: a use-after-free (found by TSan in a starved guest; ASan and TSan report it
+  // here).
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};
   so.drain_timeout = 100ms;
