@@ -17,6 +17,8 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "rpc/frame_writer.h"
@@ -110,9 +112,9 @@ class ChannelCore final : public transport::ConnectionHandler,
       copy->deadline = caller_options.deadline;
       if (!caller_options.metadata.empty()) copy->metadata = caller_options.metadata;
       copy->wait_for_ready = caller_options.wait_for_ready;
-      ic.active = true;
+      ic.list = &InterceptorsFor(method);
       ic.start = Clock::now();
-      if (Status s = StartInterceptors(method, *copy, &ic.admitted); !s.ok()) {
+      if (Status s = StartInterceptors(*ic.list, method, *copy, &ic.admitted); !s.ok()) {
         co_return Intercepted(method, ic, std::move(s));
       }
     }
@@ -122,7 +124,7 @@ class ChannelCore final : public transport::ConnectionHandler,
           method, ic, Status(StatusCode::kUnavailable, "channel to " + target_ + " is closed"));
     }
     auto self = shared_from_this();  // the channel may be dropped while we wait
-    const auto deadline = EffectiveDeadline(options);
+    const auto deadline = EffectiveDeadline(options, ic.start);
     const uint32_t index = AllocSlot();
     Slot& slot = *slots_[index];
     slot.reply = &reply;
@@ -150,33 +152,64 @@ class ChannelCore final : public transport::ConnectionHandler,
     co_return Intercepted(method, ic, std::move(status));
   }
 
-  // A call's interceptors: whether it has any, when they started, and how many let it through.
+  // A call's interceptors (null: none), when they started, and how many let it through.
   struct Interception {
-    bool active = false;
+    const ClientInterceptors* list = nullptr;
     size_t admitted = 0;
     std::chrono::steady_clock::time_point start;
   };
 
+  // The interceptors for `method`'s calls: each one's ForMethod answer, asked on the method's
+  // first call and kept (see ClientInterceptor::ForMethod). A second method with the same id
+  // (which the server could not tell apart either) gets the interceptors themselves. The last
+  // method's name is compared by address first: generated stubs pass the same constant each
+  // time, so a call of the same method as the last one compares no characters.
+  const ClientInterceptors& InterceptorsFor(const MethodInfo& method) {
+    BoundMethod* b = last_bound_;
+    if (b && b->id == method.id && b->name_seen == method.full_name.data() &&
+        b->name.size() == method.full_name.size()) {
+      return b->interceptors;
+    }
+    if (!b || b->id != method.id || b->name != method.full_name) {
+      auto [it, added] = bound_.try_emplace(method.id);
+      if (added) {
+        it->second.id = method.id;
+        it->second.name = method.full_name;
+        for (const auto& i : options_.interceptors) {
+          auto one = i->ForMethod(method);
+          it->second.interceptors.push_back(one ? std::move(one) : i);
+        }
+      } else if (it->second.name != method.full_name) {
+        return options_.interceptors;
+      }
+      b = last_bound_ = &it->second;
+    }
+    b->name_seen = method.full_name.data();
+    return b->interceptors;
+  }
+
   // Runs the interceptors' OnStart in order until one rejects (its Status is returned);
   // `*admitted`: how many let the call through.
-  Status StartInterceptors(const MethodInfo& method, CallOptions& options, size_t* admitted) {
-    for (*admitted = 0; *admitted < options_.interceptors.size(); ++*admitted) {
-      Status s = options_.interceptors[*admitted]->OnStart(method, options);
+  static Status StartInterceptors(const ClientInterceptors& list, const MethodInfo& method,
+                                  CallOptions& options, size_t* admitted) {
+    for (*admitted = 0; *admitted < list.size(); ++*admitted) {
+      Status s = list[*admitted]->OnStart(method, options);
       if (!s.ok()) return s;
     }
     return Status();
   }
 
   // OnFinish, in reverse order, for the first `admitted` interceptors.
-  void FinishInterceptors(const MethodInfo& method, const Status& status,
-                          std::chrono::steady_clock::time_point start, size_t admitted) {
+  static void FinishInterceptors(const ClientInterceptors& list, const MethodInfo& method,
+                                 const Status& status, std::chrono::steady_clock::time_point start,
+                                 size_t admitted) {
     const auto elapsed = Clock::now() - start;
-    while (admitted-- > 0) options_.interceptors[admitted]->OnFinish(method, status, elapsed);
+    while (admitted-- > 0) list[admitted]->OnFinish(method, status, elapsed);
   }
 
   // The call's result, after telling its interceptors (if any) how it ended.
-  Status Intercepted(const MethodInfo& method, const Interception& ic, Status status) {
-    if (ic.active) FinishInterceptors(method, status, ic.start, ic.admitted);
+  static Status Intercepted(const MethodInfo& method, const Interception& ic, Status status) {
+    if (ic.list) FinishInterceptors(*ic.list, method, status, ic.start, ic.admitted);
     return status;
   }
 
@@ -199,18 +232,19 @@ class ChannelCore final : public transport::ConnectionHandler,
                                                 CallOptions options, uint32_t* index,
                                                 uint32_t* generation) {
     auto self = shared_from_this();
+    const ClientInterceptors& list = InterceptorsFor(method);
     const auto start = Clock::now();
     size_t admitted = 0;
-    Status status = StartInterceptors(method, options, &admitted);
+    Status status = StartInterceptors(list, method, options, &admitted);
     if (status.ok()) {
       status = co_await OpenStreamUnintercepted(method, request, options, index, generation);
     }
     if (!status.ok()) {
-      FinishInterceptors(method, status, start, admitted);
+      FinishInterceptors(list, method, status, start, admitted);
       co_return status;
     }
     Slot& s = *slots_[*index];
-    s.intercepted = true;
+    s.interceptors = &list;
     s.intercepted_at = start;
     co_return status;
   }
@@ -218,9 +252,9 @@ class ChannelCore final : public transport::ConnectionHandler,
   // Tells a stream's interceptors how it ended; once.
   void StreamEnded(uint32_t index, const Status& status) {
     Slot& s = *slots_[index];
-    if (!s.intercepted) return;
-    s.intercepted = false;
-    FinishInterceptors(*s.method, status, s.intercepted_at, options_.interceptors.size());
+    if (!s.interceptors) return;
+    const ClientInterceptors& list = *std::exchange(s.interceptors, nullptr);
+    FinishInterceptors(list, *s.method, status, s.intercepted_at, list.size());
   }
 
   asio::awaitable<Status> OpenStreamUnintercepted(const MethodInfo& method,
@@ -588,8 +622,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     int64_t send_credit = 0;
     bool writes_done = false;
     std::string final_payload;
-    // Streams with client interceptors: they still have to hear the end, and when it started.
-    bool intercepted = false;
+    // Streams with client interceptors: those that still have to hear the end (null: none, or
+    // told already), and when they started.
+    const ClientInterceptors* interceptors = nullptr;
     Clock::time_point intercepted_at;
   };
 
@@ -653,10 +688,13 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   // The earlier of the call's deadline and now + its timeout; a timeout too long for the clock
   // (e.g. nanoseconds::max()) means no deadline rather than an overflow into the past.
-  static Clock::time_point EffectiveDeadline(const CallOptions& options) {
+  // `now`: the call's start when the caller has read the clock already (else the epoch, and
+  // the clock is read here if needed).
+  static Clock::time_point EffectiveDeadline(const CallOptions& options,
+                                             Clock::time_point now = {}) {
     auto deadline = options.deadline;
     if (options.timeout.count() > 0) {
-      const auto now = Clock::now();
+      if (now == Clock::time_point{}) now = Clock::now();
       const auto room = Clock::time_point::max() - now;
       if (options.timeout < std::chrono::duration_cast<std::chrono::nanoseconds>(room)) {
         deadline =
@@ -819,7 +857,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& s = *slots_[index];
     s.active = true;
     s.done = s.sent = s.queued = s.abandoned = false;
-    s.streaming = s.server_done = s.writes_done = s.intercepted = false;
+    s.streaming = s.server_done = s.writes_done = false;
+    s.interceptors = nullptr;
     s.method = nullptr;
     s.buffered = s.unreported = 0;
     s.send_credit = 0;
@@ -1194,6 +1233,15 @@ class ChannelCore final : public transport::ConnectionHandler,
   std::chrono::milliseconds backoff_;
   std::minstd_rand rng_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  // InterceptorsFor's answers, by method id; grows by the methods this channel calls.
+  struct BoundMethod {
+    uint32_t id = 0;
+    std::string name;
+    const char* name_seen = nullptr;  // where the last caller's copy of `name` was
+    ClientInterceptors interceptors;
+  };
+  std::unordered_map<uint32_t, BoundMethod> bound_;
+  BoundMethod* last_bound_ = nullptr;  // the last method called: usually the next one too
   std::vector<uint32_t> free_;
   WaitList waiting_;
 };

@@ -16,6 +16,10 @@
 // Finish returns or it is dropped), in reverse order, with the Status the caller gets and the
 // time since OnStart.
 //
+// Per method: before a method's first call, each interceptor's ForMethod may hand over another
+// interceptor for that method's calls (e.g. one holding that method's metrics), so that nothing
+// is looked up by name per call.
+//
 // Threading and cost: interceptors are shared by every I/O thread (server) or used on the
 // channel's thread (client), so their state needs its own synchronization; they run inline on
 // the call path and must not block. With none configured a call pays one empty-list check.
@@ -35,6 +39,15 @@ struct MethodInfo;
 class ServerInterceptor {
  public:
   virtual ~ServerInterceptor() = default;
+  // Called once for each method of each service added (Server::AddService, on that thread),
+  // before any call: returns the interceptor that sees that method's calls, or null for this
+  // one. Lets an interceptor find its per-method state (a metrics series, a policy) once
+  // instead of on every call. What it returns is kept, and used from every I/O thread, as long
+  // as the server lives.
+  virtual std::shared_ptr<ServerInterceptor> ForMethod(const MethodInfo& method) {
+    (void)method;
+    return nullptr;
+  }
   virtual Status OnStart(ServerContext& context) {
     (void)context;
     return Status();
@@ -49,6 +62,14 @@ using ServerInterceptors = std::vector<std::shared_ptr<ServerInterceptor>>;
 class ClientInterceptor {
  public:
   virtual ~ClientInterceptor() = default;
+  // Called the first time a channel calls (or opens a stream of) a method, on the channel's
+  // thread: returns the interceptor that sees the channel's calls of that method, or null for
+  // this one (as ServerInterceptor::ForMethod). A channel keeps what it returns until the
+  // channel is destroyed, for each method it calls (methods are told apart by id and name).
+  virtual std::shared_ptr<ClientInterceptor> ForMethod(const MethodInfo& method) {
+    (void)method;
+    return nullptr;
+  }
   virtual Status OnStart(const MethodInfo& method, CallOptions& options) {
     (void)method, (void)options;
     return Status();

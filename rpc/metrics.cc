@@ -194,10 +194,34 @@ std::vector<const MethodStats*> MethodTable::All() const {
 
 namespace {
 
+// One method's series, found once (ForMethod) rather than by name on every call.
+class ServerMethodMetrics final : public ServerInterceptor {
+ public:
+  ServerMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
+      : metrics_(std::move(metrics)), stats_(stats) {}
+  Status OnStart(ServerContext&) override {
+    stats_.Started();
+    return Status();
+  }
+  void OnFinish(const ServerContext& context, const Status& status,
+                std::chrono::nanoseconds elapsed) override {
+    stats_.Finished(status.code(), elapsed, context.bytes_received(), context.bytes_sent());
+  }
+
+ private:
+  std::shared_ptr<Metrics> metrics_;  // keeps stats_ alive
+  internal::MethodStats& stats_;
+};
+
 class ServerMetricsInterceptor final : public ServerInterceptor {
  public:
   explicit ServerMetricsInterceptor(std::shared_ptr<Metrics> metrics)
       : metrics_(std::move(metrics)) {}
+  std::shared_ptr<ServerInterceptor> ForMethod(const MethodInfo& method) override {
+    return std::make_shared<ServerMethodMetrics>(metrics_,
+                                                 metrics_->server_methods().Get(method.full_name));
+  }
+  // Only where ForMethod was not asked (a server always asks).
   Status OnStart(ServerContext& context) override {
     metrics_->server_methods().Get(context.method()).Started();
     return Status();
@@ -213,10 +237,33 @@ class ServerMetricsInterceptor final : public ServerInterceptor {
   std::shared_ptr<Metrics> metrics_;
 };
 
+class ClientMethodMetrics final : public ClientInterceptor {
+ public:
+  ClientMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
+      : metrics_(std::move(metrics)), stats_(stats) {}
+  Status OnStart(const MethodInfo&, CallOptions&) override {
+    stats_.Started();
+    return Status();
+  }
+  void OnFinish(const MethodInfo&, const Status& status,
+                std::chrono::nanoseconds elapsed) override {
+    stats_.Finished(status.code(), elapsed, 0, 0);
+  }
+
+ private:
+  std::shared_ptr<Metrics> metrics_;  // keeps stats_ alive
+  internal::MethodStats& stats_;
+};
+
 class ClientMetricsInterceptor final : public ClientInterceptor {
  public:
   explicit ClientMetricsInterceptor(std::shared_ptr<Metrics> metrics)
       : metrics_(std::move(metrics)) {}
+  std::shared_ptr<ClientInterceptor> ForMethod(const MethodInfo& method) override {
+    return std::make_shared<ClientMethodMetrics>(metrics_,
+                                                 metrics_->client_methods().Get(method.full_name));
+  }
+  // Only where ForMethod was not asked (a channel always asks).
   Status OnStart(const MethodInfo& method, CallOptions&) override {
     metrics_->client_methods().Get(method.full_name).Started();
     return Status();

@@ -126,7 +126,14 @@ struct IoThread {
 struct ServerCore {
   ServerOptions options;
   // Written only before Start, read-only afterwards: lock-free lookups on every call.
-  std::unordered_map<uint32_t, std::pair<Service*, const MethodEntry*>> methods;
+  // Each method with its service and its interceptors (ForMethod's answers, in
+  // options.interceptors order).
+  struct HostedMethod {
+    Service* service;
+    const MethodEntry* entry;
+    ServerInterceptors interceptors;
+  };
+  std::unordered_map<uint32_t, HostedMethod> methods;
   std::vector<const Service*> services;  // in AddService order; also fixed after Start
   std::vector<std::unique_ptr<transport::Listener>> listeners;
   std::atomic<bool> started{false};
@@ -613,7 +620,8 @@ class ServerConnection final : public transport::ConnectionHandler,
         return;
       }
     }
-    const MethodEntry* entry = it->second.second;
+    const ServerCore::HostedMethod& hosted = it->second;
+    const MethodEntry* entry = hosted.entry;
     const auto called_as = static_cast<MethodKind>(
         f.header.flags & (kRequestFlagClientStream | kRequestFlagServerStream));
     if (called_as != entry->info.kind) {
@@ -630,7 +638,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     const auto deadline = DeadlineFromBudget(f.header.timeout_us, now);
     ServerContext context(peer_, entry->info.full_name, deadline, std::move(md));
     context.CountReceived(f.payload.size());
-    const ServerInterceptors& interceptors = core_->options.interceptors;
+    const ServerInterceptors& interceptors = hosted.interceptors;
     for (size_t i = 0; i < interceptors.size(); ++i) {
       if (Status s = interceptors[i]->OnStart(context); !s.ok()) {
         // Rejected: those that let it through hear how it ended; the handler never runs.
@@ -646,7 +654,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     held_bytes_ += bytes;
     ServerCall call(shared_from_this(), f.header.call_id, bytes, std::move(context));
     if (!interceptors.empty()) call.SetInterceptors(&interceptors, now);
-    entry->handler->Start(*it->second.first, std::move(call), f.payload);
+    entry->handler->Start(*hosted.service, std::move(call), f.payload);
   }
 
   ServerCore* core_;
@@ -754,11 +762,16 @@ Status Server::AddService(Service& service) {
     if (it != core_->methods.end()) {
       return Status(StatusCode::kAlreadyExists, "method " + std::string(m.info.full_name) +
                                                     " has the same id as " +
-                                                    std::string(it->second.second->info.full_name));
+                                                    std::string(it->second.entry->info.full_name));
     }
   }
   for (const MethodEntry& m : service.rdmarpc_methods()) {
-    core_->methods.emplace(m.info.id, std::make_pair(&service, &m));
+    internal::ServerCore::HostedMethod hosted{&service, &m, {}};
+    for (const auto& i : core_->options.interceptors) {
+      auto bound = i->ForMethod(m.info);
+      hosted.interceptors.push_back(bound ? std::move(bound) : i);
+    }
+    core_->methods.emplace(m.info.id, std::move(hosted));
   }
   core_->services.push_back(&service);
   return Status();

@@ -794,6 +794,91 @@ TEST_CASE("client interceptors add metadata, refuse calls and hear every call's 
   CHECK(j.Take().back() == "A finish " + count + " CANCELLED");
 }
 
+namespace {
+// Hands each method's calls to a RecordingServerInterceptor named after the method.
+class BindingServerInterceptor final : public ServerInterceptor {
+ public:
+  explicit BindingServerInterceptor(Journal& j) : j_(j) {}
+  std::shared_ptr<ServerInterceptor> ForMethod(const MethodInfo& m) override {
+    ++bound;
+    if (m.full_name.ends_with("/Fail")) return nullptr;  // this one serves Fail itself
+    return std::make_shared<RecordingServerInterceptor>(std::string(m.full_name), j_);
+  }
+  Status OnStart(ServerContext& ctx) override {
+    j_.Add("unbound start " + std::string(ctx.method()));
+    return Status();
+  }
+  int bound = 0;  // ForMethod calls, on the thread adding services
+
+ private:
+  Journal& j_;
+};
+
+class BindingClientInterceptor final : public ClientInterceptor {
+ public:
+  explicit BindingClientInterceptor(Journal& j) : j_(j) {}
+  std::shared_ptr<ClientInterceptor> ForMethod(const MethodInfo& m) override {
+    ++bound;
+    if (m.full_name.ends_with("/Fail")) return nullptr;
+    return std::make_shared<RecordingClientInterceptor>("bound:" + std::string(m.full_name), j_);
+  }
+  Status OnStart(const MethodInfo& m, CallOptions&) override {
+    j_.Add("unbound start " + std::string(m.full_name));
+    return Status();
+  }
+  std::atomic<int> bound{0};
+
+ private:
+  Journal& j_;
+};
+}  // namespace
+
+TEST_CASE("ForMethod binds an interceptor to each method once; its answer sees that method's calls",
+          "[interceptors]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  Journal sj, cj;
+  auto server_binder = std::make_shared<BindingServerInterceptor>(sj);
+  TestServer ts(listen, ServerOptions{.io_threads = 1, .interceptors = {server_binder}});
+  const int methods = static_cast<int>(ts.service.rdmarpc_methods().size());
+  CHECK(server_binder->bound == methods);  // once per method, when the service was added
+  ChannelOptions o;
+  auto client_binder = std::make_shared<BindingClientInterceptor>(cj);
+  o.interceptors = {client_binder};
+  auto ch = Channel::ConnectBlocking(ts.uri, o);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const std::string echo = "/rdmarpc.testing.TestService/Echo";
+  for (int i = 0; i < 3; ++i) REQUIRE(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+  CHECK(client_binder->bound == 1);  // on the first call only
+  CHECK(Eventually([&] { return sj.Size() == 6; }, 5000ms));
+  CHECK(sj.Take() ==
+        std::vector<std::string>{echo + " start " + echo, echo + " finish " + echo + " OK",
+                                 echo + " start " + echo, echo + " finish " + echo + " OK",
+                                 echo + " start " + echo, echo + " finish " + echo + " OK"});
+  const std::string bound_echo = "bound:" + echo;
+  CHECK(cj.Take().front() == bound_echo + " start " + echo);
+
+  // A method whose ForMethod answered null is served by the interceptor itself.
+  const std::string fail = "/rdmarpc.testing.TestService/Fail";
+  (void)stub.Fail(FailRequest(), {.timeout = 10s});  // whatever it answers
+  CHECK(Eventually([&] { return sj.Size() == 1; }, 5000ms));
+  CHECK(sj.Take() == std::vector<std::string>{"unbound start " + fail});
+  CHECK(client_binder->bound == 2);
+  CHECK(cj.Take() == std::vector<std::string>{"unbound start " + fail});
+
+  // A second name with Echo's id (the server cannot tell them apart either) is not given Echo's
+  // binding: the channel's interceptors see it themselves.
+  const MethodInfo alias{"/rdmarpc.testing.TestService/EchoAlias", MethodId(echo)};
+  EchoRequest req;
+  EchoReply reply;
+  CHECK((*ch)->Run((*ch)->Call(alias, req, reply, {.timeout = 10s})).ok());
+  CHECK(cj.Take() == std::vector<std::string>{"unbound start " + std::string(alias.full_name)});
+  CHECK(client_binder->bound == 2);
+  REQUIRE(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());  // Echo keeps its binding
+  CHECK(cj.Take().front() == bound_echo + " start " + echo);
+}
+
 // The value of the sample `series` (name and labels exactly as rendered) in a text exposition,
 // or -1 when it is absent.
 double SampleValue(const std::string& text, const std::string& series) {
