@@ -84,6 +84,11 @@ constexpr char kUsage[] =
     "                       read as fast as they come (messages/s and MB/s)\n"
     "  --connect-timeout-ms MS  give up connecting after MS (default 5000; e.g. more under\n"
     "                       valgrind)\n"
+    "  --auth-secret-file F both sides: the shared secret (as the sample servers and clients)\n"
+    "  --log-level LEVEL    trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn)\n"
+    "Server only, as in the sample servers (echo_server --help): --max-connections,\n"
+    "  --max-concurrent-calls, --max-buffered-bytes, --idle-timeout-ms, --keepalive-ms,\n"
+    "  --keepalive-timeout-ms, --shutdown-grace-ms, --access-log, --metrics-listen HOST:PORT.\n"
     "  --json               one JSON object on stdout instead of text\n"
     "  --quiet              no progress lines\n"
     "Exit codes: 0 done, 1 calls failed or could not connect, 2 bad arguments.\n";
@@ -143,21 +148,21 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
 
 int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
   BenchService service;
-  rdmarpc::ServerOptions options{.io_threads = static_cast<int>(threads), .handle_signals = true};
-  rdmarpc::cmdline::ApplyPollingFlags(flags, options.transport);
-  if (!flags.error().empty()) {
-    std::cerr << "rdmarpc_bench: " << flags.error() << "\n";
-    return 2;
+  // The sample servers' harness (tools/common/server_flags.h): the same flags and defaults,
+  // quieter logging (the figures go to stdout).
+  rdmarpc::cmdline::ServerSetup setup;
+  setup.log_level_fallback = "warn";
+  if (int bad = rdmarpc::cmdline::SetUpServer(flags, "rdmarpc_bench", threads,
+                                              "tcp://127.0.0.1:7490", setup)) {
+    return bad;
   }
-  // Recorded, never served: --metrics measures what recording costs.
+  // Recorded, never served: --metrics measures what recording costs (--metrics-listen serves).
   if (flags.has("metrics")) {
-    options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->server_interceptor());
+    setup.options.interceptors.push_back(
+        std::make_shared<rdmarpc::Metrics>()->server_interceptor());
   }
-  rdmarpc::Server server(options);
+  rdmarpc::Server server(setup.options);
   if (!server.AddService(service).ok()) return 1;
-  auto uris = flags.all("listen");
-  if (uris.empty()) uris.push_back("tcp://127.0.0.1:7490");
-  if (!rdmarpc::cmdline::ListenAll(server, uris, "rdmarpc_bench")) return 1;
   // Diagnostics for memory questions (docs/RELIABILITY.md, "Soak"): with
   // RDMARPC_BENCH_HEAP_LOG=1, print resident memory, the allocator's bytes in use and the calls
   // in flight every half second.
@@ -174,10 +179,11 @@ int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
       }
     });
   }
-  server.Run();
+  const int rc =
+      rdmarpc::cmdline::ListenAndRun(server, setup.uris, flags, setup.metrics, "rdmarpc_bench");
   stop_log = true;
   if (heap_log.joinable()) heap_log.join();
-  return 0;
+  return rc;
 }
 
 struct ClientConfig {
@@ -527,14 +533,23 @@ int main(int argc, char** argv) {
   rdmarpc::cmdline::RaiseFileLimit();
   rdmarpc::cmdline::Flags flags(
       argc, argv,
-      rdmarpc::cmdline::WithPollingFlags(
-          {{"server", false},          {"listen", true},   {"target", true},
-           {"connections", true},      {"depth", true},    {"request-bytes", true},
-           {"response-bytes", true},   {"duration", true}, {"calls", true},
-           {"warmup", true},           {"threads", true},  {"connect-timeout-ms", true},
-           {"idle-connections", true}, {"hold", true},     {"json", false},
-           {"quiet", false},           {"verify", false},  {"stream", false},
-           {"log-level", true},        {"help", false},    {"metrics", false}}));
+      rdmarpc::cmdline::WithServerHarnessFlags({{"server", false},
+                                                {"target", true},
+                                                {"connections", true},
+                                                {"depth", true},
+                                                {"request-bytes", true},
+                                                {"response-bytes", true},
+                                                {"duration", true},
+                                                {"calls", true},
+                                                {"warmup", true},
+                                                {"connect-timeout-ms", true},
+                                                {"idle-connections", true},
+                                                {"hold", true},
+                                                {"json", false},
+                                                {"quiet", false},
+                                                {"verify", false},
+                                                {"stream", false},
+                                                {"metrics", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -556,6 +571,7 @@ int main(int argc, char** argv) {
     cfg.options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->client_interceptor());
   }
   rdmarpc::cmdline::ApplyPollingFlags(flags, cfg.options.transport);
+  cfg.options.transport.auth_secret = flags.auth_secret();
   cfg.options.transport.connect_timeout_ms = static_cast<int>(
       flags.get_int("connect-timeout-ms", cfg.options.transport.connect_timeout_ms, 1, 3'600'000));
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);

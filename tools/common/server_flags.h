@@ -86,6 +86,9 @@ inline long RaiseFileLimit();
 
 // Everything the common flags decided, for the program to build its server from.
 struct ServerSetup {
+  // In: the log level when neither --log-level nor $RDMARPC_LOG_LEVEL names one.
+  std::string log_level_fallback = "info";
+  // Out:
   ServerOptions options;             // threads, limits, polling, secret, interceptors
   std::shared_ptr<Metrics> metrics;  // with --metrics-listen; null otherwise
   std::vector<std::string> uris;     // --listen, or the program's default address
@@ -131,7 +134,7 @@ inline int SetUpServer(Flags& flags, const char* program, long default_threads,
   if (setup.uris.empty()) setup.uris.push_back(std::move(default_listen));
   std::string bad = flags.error();
   if (bad.empty() && check) bad = check();
-  if (bad.empty() && !InitLogging(flags.get("log-level", ""))) {
+  if (bad.empty() && !InitLogging(flags.get("log-level", ""), setup.log_level_fallback)) {
     bad = LogLevelError(flags.get("log-level", ""));
   }
   if (!bad.empty()) {
