@@ -57,7 +57,7 @@ class HandlerPool {
 
   // Runs `job` in an idle runner, or a new one; either way it starts here and now (as a
   // co_spawn's dispatch would), until its handler first suspends.
-  void Run(std::unique_ptr<CallJob> job) {
+  void Run(CallJobPtr job) {
     if (!idle_.empty()) {
       Runner* r = idle_.back();
       idle_.pop_back();
@@ -84,7 +84,7 @@ class HandlerPool {
   struct Runner {
     HandlerPool* pool = nullptr;
     asio::cancellation_signal cancel;  // the running call's: emitted when its caller cancels
-    std::unique_ptr<CallJob> job;
+    CallJobPtr job;
     asio::any_completion_handler<void()> resume;  // while idle
   };
 
@@ -216,7 +216,7 @@ class ServerConnection final : public transport::ConnectionHandler,
 
   const transport::Executor& executor() const override { return executor_; }
 
-  void Run(std::unique_ptr<CallJob> job) override { thread_->handlers.Run(std::move(job)); }
+  void Run(CallJobPtr job) override { thread_->handlers.Run(std::move(job)); }
 
   // Starts serving: SETTINGS first, so that the client knows its limits before its first call.
   // Over the connection limit, the client is told so with GOAWAY instead and the connection is

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "rpc/context.h"
 #include "rpc/interceptor.h"
@@ -114,14 +115,21 @@ class CallJob {
   // Makes the call cancellable through `cancel`, runs the user's handler and finishes the call.
   // Never throws: a throwing handler finishes the call with INTERNAL.
   virtual boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) = 0;
+  // Disposes of the job once its call is over (CallJobPtr's deleter): deletes it, or keeps it
+  // for a later call (unary jobs, see UnaryMethodHandler).
+  virtual void Recycle() { delete this; }
 };
+struct RecycleCallJob {
+  void operator()(CallJob* job) const { job->Recycle(); }
+};
+using CallJobPtr = std::unique_ptr<CallJob, RecycleCallJob>;
 
 // Implemented by the server's connection: where a call runs and its response goes.
 class CallSink {
  public:
   // Runs `job` on the connection's thread, starting now (it runs until its handler first
   // suspends, inside this call); the job is destroyed once the call is finished.
-  virtual void Run(std::unique_ptr<CallJob> job) = 0;
+  virtual void Run(CallJobPtr job) = 0;
   virtual ~CallSink() = default;
   // Sends the response (reply when status is OK; when `deliver` is false because the caller
   // cancelled, only a CANCELLED acknowledgement, so that both ends stop counting the call at the
@@ -362,7 +370,7 @@ namespace internal {
 template <class Job>
 void RunJob(std::unique_ptr<Job> job) {
   CallSink* sink = job->call.sink();
-  sink->Run(std::move(job));
+  sink->Run(CallJobPtr(job.release()));
 }
 
 // Parses `payload` into the job's request and runs the job on its connection, or finishes the
@@ -404,30 +412,89 @@ class UnaryMethodHandler final : public MethodHandler {
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
   void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
-    // One allocation per call holds the context, request and reply.
-    internal::ParseAndRun(std::make_unique<Job>(invoke_, service, std::move(call)), payload);
+    internal::CallJobPtr job(Job::Make(invoke_, service, std::move(call)));
+    Job& j = static_cast<Job&>(*job);
+    if (!j.request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      j.call->Finish(Status(StatusCode::kInvalidArgument,
+                            "request does not parse as " + j.request.GetTypeName()),
+                     nullptr);
+      return;
+    }
+    internal::CallSink* sink = j.call->sink();
+    sink->Run(std::move(job));
   }
 
  private:
+  // One per call: the context (in `call`), the request and the reply. Finished jobs are kept
+  // per thread for the next calls of the method (at most kKeep), unless their messages were
+  // large: a reused request parses into the strings it already has and a reused reply is
+  // refilled in place (Clear keeps their capacity), which saves the job's allocation and the
+  // payloads' on every call. The size limit bounds what a client can leave pinned this way.
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall c) : invoke(i), service(s), call(std::move(c)) {}
+    static constexpr size_t kKeep = 32;
+    static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
+
+    static Job* Make(Invoker i, Service& s, ServerCall c) {
+      Job* j = nullptr;
+      if (!pool_gone && !ThreadPool().jobs.empty()) {
+        Pool& pool = ThreadPool();
+        j = pool.jobs.back();
+        pool.jobs.pop_back();
+      } else {
+        j = new Job;
+      }
+      j->invoke = i;
+      j->service = &s;
+      j->call.emplace(std::move(c));
+      return j;
+    }
+
     boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
-      call.TrackCancellation(cancel);
+      call->TrackCancellation(cancel);
       Status status;
       try {
-        status = co_await invoke(service, call.context(), request, reply);
+        status = co_await invoke(*service, call->context(), request, reply);
       } catch (const std::exception& e) {
         status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
       } catch (...) {
         status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
       }
-      call.Finish(status, status.ok() ? &reply : nullptr);
+      call->Finish(status, status.ok() ? &reply : nullptr);
     }
-    Invoker invoke;
-    Service& service;
-    ServerCall call;
+
+    void Recycle() override {
+      call.reset();
+      if (pool_gone || ThreadPool().jobs.size() >= kKeep ||
+          request.ByteSizeLong() + reply.ByteSizeLong() > kKeepBytes) {
+        delete this;
+        return;
+      }
+      request.Clear();
+      reply.Clear();
+      ThreadPool().jobs.push_back(this);
+    }
+
+    Invoker invoke = nullptr;
+    Service* service = nullptr;
+    std::optional<ServerCall> call;
     Req request;
     Resp reply;
+
+   private:
+    struct Pool {
+      std::vector<Job*> jobs;
+      ~Pool() {
+        pool_gone = true;
+        for (Job* j : jobs) delete j;
+      }
+    };
+    static Pool& ThreadPool() {
+      static thread_local Pool pool;
+      return pool;
+    }
+    // Set when this thread's pool is destroyed (thread exit): jobs finished on the thread after
+    // that are deleted. Trivial, so it can still be read then.
+    static inline thread_local bool pool_gone = false;
   };
 
   Invoker invoke_;

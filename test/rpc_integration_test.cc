@@ -135,6 +135,40 @@ TEST_CASE("8 clients on one server at once are all served", "[rpc][core]") {
   REQUIRE(good == 8 * 200);
 }
 
+TEST_CASE("every call's reply starts empty: nothing of an earlier call (or client) shows in it",
+          "[rpc][core]") {
+  // The server reuses a finished unary call's request and reply for later calls (service.h);
+  // Echo sets `meta` only when asked to, so a reply that was not cleared would carry an earlier
+  // caller's.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  auto a = Channel::ConnectBlocking(ts.uri);
+  auto b = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  TestService::BlockingStub stub_a(*a), stub_b(*b);
+  for (size_t bytes : {size_t{16}, size_t{4096}}) {  // kept for reuse, and too big to keep
+    INFO(bytes << " B");
+    for (int i = 0; i < 40; ++i) {
+      CallOptions secret{.timeout = 10s};
+      secret.metadata.emplace_back("echo-meta", "client A's secret " + std::to_string(i));
+      EchoRequest req;
+      req.set_payload(Pattern(bytes, i));
+      auto r = stub_a.Echo(req, secret);
+      REQUIRE(r.ok());
+      CHECK(r->meta() == "client A's secret " + std::to_string(i));
+      EchoRequest plain;
+      plain.set_seq(i);
+      auto other = stub_b.Echo(plain, {.timeout = 10s});
+      REQUIRE(other.ok());
+      CHECK(other->meta().empty());
+      CHECK(other->payload().empty());
+      CHECK(other->seq() == static_cast<uint64_t>(i));
+    }
+  }
+}
+
 TEST_CASE("an unknown method answers UNIMPLEMENTED", "[rpc][errors]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
