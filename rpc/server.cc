@@ -24,6 +24,8 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "rpc/frame_writer.h"
 #include "rpc/keepalive.h"
@@ -121,6 +123,13 @@ struct IoThread {
   std::thread thread;
   // Open connections of this thread; touched only on this thread.
   std::unordered_set<std::shared_ptr<ServerConnection>> connections;
+  // Set by Shutdown (on this thread) once it has closed the connections: fulfilled, and reset,
+  // when the last of them is gone. Shared: Shutdown may stop waiting before it is.
+  std::shared_ptr<std::promise<void>> all_closed;
+  void ConnectionGone(const std::shared_ptr<ServerConnection>& c) {
+    connections.erase(c);
+    if (connections.empty() && all_closed) std::exchange(all_closed, nullptr)->set_value();
+  }
 };
 
 struct ServerCore {
@@ -351,7 +360,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       h->Cancel();
       h = next;
     }
-    thread_->connections.erase(shared_from_this());
+    thread_->ConnectionGone(shared_from_this());
   }
 
   void Track(CancelHook* hook) override {
@@ -868,28 +877,29 @@ void Server::Shutdown() {
     // Close every connection on its own thread once what it has queued (the last replies, the
     // GOAWAY) has left, and keep the loops running until every close has gone through: a loop
     // stopped earlier would drop replies still waiting for their end-of-turn flush.
+    std::vector<std::future<void>> closed;
     for (auto& t : core_->threads) {
-      asio::post(t->ioc, [th = t.get()] {
+      // Shared with the handler: a loop too slow to run it before the deadline runs it later,
+      // from the poll() below, after this scope is gone (TSan: heap-use-after-free on a starved
+      // VM).
+      auto all_closed = std::make_shared<std::promise<void>>();
+      closed.push_back(all_closed->get_future());
+      asio::post(t->ioc, [th = t.get(), all_closed] {
+        if (th->connections.empty()) {
+          all_closed->set_value();
+          return;
+        }
+        th->all_closed = all_closed;
         auto conns = th->connections;  // closing mutates the set
         for (auto& c : conns) c->CloseAfterSending(kShutdownFlushMs);
       });
     }
     const auto flush_deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(kShutdownFlushMs + 500);
-    for (auto& t : core_->threads) {
-      while (true) {
-        // Shared with the handler: a loop too slow to run it before the deadline runs it later,
-        // from the poll() below, after this scope is gone (TSan: heap-use-after-free on a
-        // starved VM).
-        auto open = std::make_shared<std::promise<size_t>>();
-        asio::post(t->ioc, [open, th = t.get()] { open->set_value(th->connections.size()); });
-        auto answer = open->get_future();
-        if (answer.wait_until(flush_deadline) != std::future_status::ready) break;
-        if (answer.get() == 0 || std::chrono::steady_clock::now() >= flush_deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      t->work.reset();
-      t->ioc.stop();
+    for (size_t i = 0; i < core_->threads.size(); ++i) {
+      (void)closed[i].wait_until(flush_deadline);
+      core_->threads[i]->work.reset();
+      core_->threads[i]->ioc.stop();
     }
   }
   for (auto& t : core_->threads) {

@@ -171,7 +171,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     // is written asynchronously.
     boost::system::error_code ec;
     size_t n = socket_.write_some(asio::buffer(pending_), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+    // `ec &&` first: comparing error codes costs ~25 instructions each, and the write usually
+    // succeeds.
+    if (ec && (ec == asio::error::would_block || ec == asio::error::try_again)) {
       n = 0;
       ec = {};
     }
