@@ -129,7 +129,14 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& slot = *slots_[index];
     slot.reply = &reply;
     slot.wait_for_ready = options.wait_for_ready;
-    if (Status s = co_await SendRequest(index, method, &request, options, deadline); !s.ok()) {
+    // Usually admitted at once: then no coroutine for the admission wait.
+    Status sent;
+    if (AdmitsNow()) {
+      sent = SendAdmitted(index, method, &request, options, deadline);
+    } else {
+      sent = co_await SendRequest(index, method, &request, options, deadline);
+    }
+    if (Status s = std::move(sent); !s.ok()) {
       co_return Intercepted(method, ic, std::move(s));
     }
     const uint64_t call_id = CallId(index);
@@ -425,7 +432,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     Slot& slot = *slots_[index];
     // Admission: a ready connection with room under the concurrency limit, else wait in order
     // (or fail at once when not connected, unless the caller asked to wait for readiness).
-    while (!(state_ == State::kReady && waiting_.empty() && HasRoom())) {
+    while (!AdmitsNow()) {
       if (Status s = NotAdmitted(slot); !s.ok()) {
         FreeSlot(index);
         co_return s;
@@ -444,17 +451,27 @@ class ChannelCore final : public transport::ConnectionHandler,
       if (state_ == State::kReady && HasRoom()) break;
       // Woken but the room went to someone else, or the connection went down meanwhile.
     }
+    co_return SendAdmitted(index, method, request, options, deadline);
+  }
 
+  // Whether a call may be sent at once (SendAdmitted) rather than wait (SendRequest).
+  bool AdmitsNow() const { return state_ == State::kReady && waiting_.empty() && HasRoom(); }
+
+  // Sends slot `index`'s REQUEST frame, once admitted. Not a coroutine: the usual call, admitted
+  // at once, pays for no second coroutine frame.
+  Status SendAdmitted(uint32_t index, const MethodInfo& method,
+                      const google::protobuf::MessageLite* request, const CallOptions& options,
+                      std::chrono::steady_clock::time_point deadline) {
+    Slot& slot = *slots_[index];
     const uint8_t flags = static_cast<uint8_t>(method.kind);
     if ((flags & kRequestFlagClientStream) && !(server_features_ & kFeatureClientStreams)) {
       FreeSlot(index);
       WakeWaiters();
-      co_return Status(StatusCode::kUnimplemented,
-                       "server " + target_ +
-                           " does not take client streams (it predates them), "
-                           "so it cannot serve " +
-                           MethodKindName(method.kind) + " method " +
-                           std::string(method.full_name));
+      return Status(StatusCode::kUnimplemented,
+                    "server " + target_ +
+                        " does not take client streams (it predates them), "
+                        "so it cannot serve " +
+                        MethodKindName(method.kind) + " method " + std::string(method.full_name));
     }
     const uint64_t call_id = CallId(index);
     FrameHeader h;
@@ -475,18 +492,18 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (writer.size() > max_message) {
       FreeSlot(index);
       WakeWaiters();
-      co_return Status(StatusCode::kResourceExhausted,
-                       "request of " + std::to_string(writer.size()) +
-                           " bytes exceeds the message limit of " + std::to_string(max_message) +
-                           (max_message == conn_->max_message_bytes() ? "" : " set by the server"));
+      return Status(StatusCode::kResourceExhausted,
+                    "request of " + std::to_string(writer.size()) +
+                        " bytes exceeds the message limit of " + std::to_string(max_message) +
+                        (max_message == conn_->max_message_bytes() ? "" : " set by the server"));
     }
     if (!conn_->Send(writer)) {
       FreeSlot(index);
-      co_return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closed");
+      return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closed");
     }
     slot.sent = true;
     ++in_flight_;
-    co_return Status();
+    return Status();
   }
 
   void OnMessage(std::span<const std::byte> message) override {
