@@ -426,8 +426,8 @@ class UnaryMethodHandler final : public MethodHandler {
 
  private:
   // One per call: the context (in `call`), the request and the reply. Finished jobs are kept
-  // per thread for the next calls of the method (at most kKeep), unless their messages were
-  // large: a reused request parses into the strings it already has and a reused reply is
+  // per thread for the next calls with the same request and reply types (at most kKeep),
+  // unless their messages were large: a reused request parses into the strings it already has and a reused reply is
   // refilled in place (Clear keeps their capacity), which saves the job's allocation and the
   // payloads' on every call. The size limit bounds what a client can leave pinned this way.
   struct Job final : internal::CallJob {
