@@ -427,10 +427,10 @@ class UnaryMethodHandler final : public MethodHandler {
  private:
   // One per call: the context (in `call`), the request and the reply. Finished jobs are kept
   // per thread for the next calls with the same request and reply types (at most kKeep),
-  // unless their messages were large: a reused request parses into the strings it already has and a
-  // reused reply is refilled in place (Clear keeps their capacity), which saves the job's
-  // allocation and the payloads' on every call. The size limit bounds what a client can leave
-  // pinned this way.
+  // unless their messages were large: a reused request parses into the strings it already
+  // has and a reused reply is refilled in place (Clear keeps their capacity), which saves the
+  // job's allocation and the payloads' on every call. The size limit bounds what a client can
+  // leave pinned this way.
   struct Job final : internal::CallJob {
     static constexpr size_t kKeep = 32;
     static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
