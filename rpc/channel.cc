@@ -136,9 +136,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     } else {
       sent = co_await SendRequest(index, method, &request, options, deadline);
     }
-    if (Status s = std::move(sent); !s.ok()) {
-      co_return Intercepted(method, ic, std::move(s));
-    }
+    if (!sent.ok()) co_return Intercepted(method, ic, std::move(sent));
     const uint64_t call_id = CallId(index);
     co_await Suspend(index, deadline);
     Status status;
@@ -172,27 +170,26 @@ class ChannelCore final : public transport::ConnectionHandler,
   // method's name is compared by address first: generated stubs pass the same constant each
   // time, so a call of the same method as the last one compares no characters.
   const ClientInterceptors& InterceptorsFor(const MethodInfo& method) {
-    BoundMethod* b = last_bound_;
-    if (b && b->id == method.id && b->name_seen == method.full_name.data() &&
-        b->name.size() == method.full_name.size()) {
+    if (BoundMethod* b = last_bound_; b && b->id == method.id &&
+                                      b->name_seen == method.full_name.data() &&
+                                      b->name.size() == method.full_name.size()) {
       return b->interceptors;
     }
-    if (!b || b->id != method.id || b->name != method.full_name) {
-      auto [it, added] = bound_.try_emplace(method.id);
-      if (added) {
-        it->second.id = method.id;
-        it->second.name = method.full_name;
-        for (const auto& i : options_.interceptors) {
-          auto one = i->ForMethod(method);
-          it->second.interceptors.push_back(one ? std::move(one) : i);
-        }
-      } else if (it->second.name != method.full_name) {
-        return options_.interceptors;
+    auto [it, added] = bound_.try_emplace(method.id);
+    BoundMethod& b = it->second;
+    if (added) {
+      b.id = method.id;
+      b.name = method.full_name;
+      for (const auto& i : options_.interceptors) {
+        auto one = i->ForMethod(method);
+        b.interceptors.push_back(one ? std::move(one) : i);
       }
-      b = last_bound_ = &it->second;
+    } else if (b.name != method.full_name) {
+      return options_.interceptors;
     }
-    b->name_seen = method.full_name.data();
-    return b->interceptors;
+    b.name_seen = method.full_name.data();
+    last_bound_ = &b;
+    return b.interceptors;
   }
 
   // Runs the interceptors' OnStart in order until one rejects (its Status is returned);

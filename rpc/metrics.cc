@@ -217,20 +217,11 @@ class ServerMetricsInterceptor final : public ServerInterceptor {
  public:
   explicit ServerMetricsInterceptor(std::shared_ptr<Metrics> metrics)
       : metrics_(std::move(metrics)) {}
+  // The server binds every method it hosts (Server::AddService), so the calls themselves are
+  // seen only by what this returns.
   std::shared_ptr<ServerInterceptor> ForMethod(const MethodInfo& method) override {
     return std::make_shared<ServerMethodMetrics>(metrics_,
                                                  metrics_->server_methods().Get(method.full_name));
-  }
-  // Only where ForMethod was not asked (a server always asks).
-  Status OnStart(ServerContext& context) override {
-    metrics_->server_methods().Get(context.method()).Started();
-    return Status();
-  }
-  void OnFinish(const ServerContext& context, const Status& status,
-                std::chrono::nanoseconds elapsed) override {
-    metrics_->server_methods()
-        .Get(context.method())
-        .Finished(status.code(), elapsed, context.bytes_received(), context.bytes_sent());
   }
 
  private:
@@ -263,7 +254,8 @@ class ClientMetricsInterceptor final : public ClientInterceptor {
     return std::make_shared<ClientMethodMetrics>(metrics_,
                                                  metrics_->client_methods().Get(method.full_name));
   }
-  // Only where ForMethod was not asked (a channel always asks).
+  // Only for a method whose ForMethod answer the channel cannot use: a second method name with
+  // an id already bound (see ChannelCore::InterceptorsFor).
   Status OnStart(const MethodInfo& method, CallOptions&) override {
     metrics_->client_methods().Get(method.full_name).Started();
     return Status();

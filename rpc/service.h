@@ -373,17 +373,22 @@ void RunJob(std::unique_ptr<Job> job) {
   sink->Run(CallJobPtr(job.release()));
 }
 
+// Parses `payload` into `request`; when it does not parse, finishes `call` with
+// INVALID_ARGUMENT and returns false.
+inline bool ParseRequest(google::protobuf::MessageLite& request, std::span<const std::byte> payload,
+                         ServerCall& call) {
+  if (request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) return true;
+  call.Finish(
+      Status(StatusCode::kInvalidArgument, "request does not parse as " + request.GetTypeName()),
+      nullptr);
+  return false;
+}
+
 // Parses `payload` into the job's request and runs the job on its connection, or finishes the
 // call with INVALID_ARGUMENT when the request does not parse.
 template <class Job>
 void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
-  if (!job->request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-    job->call.Finish(Status(StatusCode::kInvalidArgument,
-                            "request does not parse as " + job->request.GetTypeName()),
-                     nullptr);
-    return;
-  }
-  RunJob(std::move(job));
+  if (ParseRequest(job->request, payload, job->call)) RunJob(std::move(job));
 }
 
 // Awaits a streaming handler's `body` (a coroutine lambda, awaited at once), turning what it
@@ -414,12 +419,7 @@ class UnaryMethodHandler final : public MethodHandler {
   void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
     internal::CallJobPtr job(Job::Make(invoke_, service, std::move(call)));
     Job& j = static_cast<Job&>(*job);
-    if (!j.request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      j.call->Finish(Status(StatusCode::kInvalidArgument,
-                            "request does not parse as " + j.request.GetTypeName()),
-                     nullptr);
-      return;
-    }
+    if (!internal::ParseRequest(j.request, payload, *j.call)) return;
     internal::CallSink* sink = j.call->sink();
     sink->Run(std::move(job));
   }
@@ -437,13 +437,14 @@ class UnaryMethodHandler final : public MethodHandler {
 
     static Job* Make(Invoker i, Service& s, ServerCall c) {
       Job* j = nullptr;
-      if (!pool_gone && !ThreadPool().jobs.empty()) {
-        Pool& pool = ThreadPool();
-        j = pool.jobs.back();
-        pool.jobs.pop_back();
-      } else {
-        j = new Job;
+      if (!pool_gone) {
+        std::vector<Job*>& kept = ThreadPool().jobs;
+        if (!kept.empty()) {
+          j = kept.back();
+          kept.pop_back();
+        }
       }
+      if (!j) j = new Job;
       j->invoke = i;
       j->service = &s;
       j->call.emplace(std::move(c));
