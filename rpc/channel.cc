@@ -13,6 +13,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <deque>
+#include <exception>
 #include <future>
 #include <optional>
 #include <random>
@@ -814,8 +815,9 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   // Resumes whoever is suspended on `s` (the caller or stream reader, and a stream writer), from
-  // the event loop (never inline: the caller may start another call or drop the channel, which
-  // must not happen under OnMessage).
+  // the event loop: the callers of this one may be part way through the channel's state (waking
+  // several waiters, failing every sent call), which a caller that starts another call or drops
+  // the channel must not see. A unary call's reply takes the shorter way, ResumeCallerNow.
   void Resume(Slot& s) {
     ResumeWaiter(s, &Slot::resume);
     ResumeWaiter(s, &Slot::write_resume);
@@ -830,6 +832,28 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (!from_cancellation) h.get_cancellation_slot().clear();
     // The caller's coroutine runs on this channel's executor (Channel::Call hops here first).
     asio::post(executor_, [h = std::move(h)]() mutable { std::move(h)(); });
+  }
+
+  // Resumes a unary call's caller here and now, rather than from a posted handler (an
+  // event-loop turn, an allocation and a scheduler lock per call). Only as the last step of
+  // OnMessage: the caller may start another call, close or drop the channel before this returns,
+  // which the transports allow from inside OnMessage (Send and Close are re-entrant there, and a
+  // connection keeps its handler alive until OnClose, which is posted). We are on executor_'s
+  // thread: OnMessage runs on the connection's executor, which is the channel's, and the caller's
+  // coroutine runs there too (Channel::Call hops there first).
+  void ResumeCallerNow(Slot& s) {
+    if (!s.resume) return;
+    asio::any_completion_handler<void()> h;
+    h.swap(s.resume);  // see Suspend: no move-assignment
+    if (!s.write_resume) s.deadline = Clock::time_point::max();
+    h.get_cancellation_slot().clear();
+    try {
+      std::move(h)();
+    } catch (...) {
+      // An exception out of the caller's completion handler leaves io_context::run(), as it
+      // did from a posted handler, rather than unwinding through the transport's delivery.
+      asio::post(executor_, [e = std::current_exception()] { std::rethrow_exception(e); });
+    }
   }
 
   // Arms the channel's deadline timer for `deadline` if it is earlier than the one it waits for.
@@ -962,7 +986,7 @@ class ChannelCore final : public transport::ConnectionHandler,
           code, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
     }
     s.done = true;
-    Resume(s);
+    ResumeCallerNow(s);  // the last step: nothing of this channel is touched after it
   }
 
   // One message of a stream, kept until the reader takes it. A server that sends past the

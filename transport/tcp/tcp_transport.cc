@@ -103,9 +103,11 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     pending_.resize(at + kLengthPrefixBytes + n);
     StoreLe32(pending_.data() + at, static_cast<uint32_t>(n));
     message.WriteTo(pending_.data() + at + kLengthPrefixBytes);
-    if (!writing_ && !flush_scheduled_) {
+    if (!writing_ && !flush_scheduled_ && !delivering_) {
       // Defer the write to the end of this event-loop turn so that every message queued in the
-      // same turn leaves in one syscall.
+      // same turn leaves in one syscall. (A message queued while DeliverAndRead hands out what
+      // was read -- a reply a handler sent at once, a caller's next call -- leaves when that
+      // ends, without a turn of its own.)
       flush_scheduled_ = true;
       asio::defer(executor_, [self = shared_from_this()] {
         self->flush_scheduled_ = false;
@@ -238,27 +240,38 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     DeliverAndRead();
   }
 
-  // Delivers every complete message in the buffer, in place, then reads more; stops (keeping the
-  // rest in the buffer) as soon as receiving is paused.
+  // Delivers every complete message in the buffer, in place, then writes what the handler
+  // queued meanwhile and reads more; stops delivering (keeping the rest in the buffer) as soon as
+  // receiving is paused.
   void DeliverAndRead() {
+    delivering_ = true;
+    const bool read_more = DeliverAll();
+    delivering_ = false;
+    if (!pending_.empty() && !flush_scheduled_) Flush();  // (does nothing once closed)
+    if (read_more) {
+      reader_.Settle(kShrinkAboveBytes);
+      ReadMore();
+    }
+  }
+
+  // False when delivery stopped early: paused, closed or a message over the limit.
+  bool DeliverAll() {
     std::span<const std::byte> message;
     uint32_t too_large = 0;
     for (;;) {
-      if (paused_) return;  // ResumeReceiving continues from here
+      if (paused_) return false;  // ResumeReceiving continues from here
       const auto r = reader_.Next(&message, &too_large);
-      if (r == StreamReassembler::Result::kNeedMore) break;
+      if (r == StreamReassembler::Result::kNeedMore) return true;
       if (r == StreamReassembler::Result::kTooLarge) {
         spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_,
                      too_large, options_.max_message_bytes);
         CloseWith("peer sent a message of " + std::to_string(too_large) +
                   " bytes, over the limit of " + std::to_string(options_.max_message_bytes));
-        return;
+        return false;
       }
       handler_.get()->OnMessage(message);
-      if (handler_.closed()) return;
+      if (handler_.closed()) return false;
     }
-    reader_.Settle(kShrinkAboveBytes);
-    ReadMore();
   }
 
   tcp::socket socket_;
@@ -269,8 +282,9 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   StreamReassembler reader_;
   std::vector<std::byte> pending_, inflight_;
   bool writing_ = false, flush_scheduled_ = false;
-  bool reading_ = false;  // an async_read_some is outstanding
-  bool paused_ = false;   // PauseReceiving: deliver nothing, read nothing
+  bool delivering_ = false;  // inside DeliverAndRead: it flushes when it is done
+  bool reading_ = false;     // an async_read_some is outstanding
+  bool paused_ = false;      // PauseReceiving: deliver nothing, read nothing
   bool resume_posted_ = false;
   bool closing_ = false;  // CloseAfterSending: close once pending_ is written
 };
