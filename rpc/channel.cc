@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -13,7 +12,6 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <deque>
-#include <exception>
 #include <future>
 #include <optional>
 #include <random>
@@ -103,6 +101,15 @@ class ChannelCore final : public transport::ConnectionHandler,
                                const google::protobuf::MessageLite& request,
                                google::protobuf::MessageLite& reply,
                                const CallOptions& caller_options) {
+    // Channel::Call's awaitable is this coroutine itself (a wrapper would cost a second frame
+    // per call, and with it a trip to malloc: Asio keeps only two frames per thread for reuse).
+    const auto current = co_await asio::this_coro::executor;
+    if (current != executor_) {
+      // Hop to the channel's thread and back; the caller stays suspended meanwhile, so request
+      // and reply are touched by one thread at a time.
+      co_return co_await asio::co_spawn(executor_, Call(method, request, reply, caller_options),
+                                        asio::use_awaitable);
+    }
     Interception ic;
     std::optional<CallOptions> copy;  // only with interceptors, which may add metadata
     if (!options_.interceptors.empty()) {
@@ -600,10 +607,14 @@ class ChannelCore final : public transport::ConnectionHandler,
  private:
   using Clock = std::chrono::steady_clock;
 
+  // A suspended coroutine's completion handler, kept as its concrete type: an
+  // any_completion_handler would allocate, and install a cancellation forwarder, per suspension.
+  using Resumer = asio::async_result<asio::use_awaitable_t<>, void()>::handler_type;
+
   struct Slot {
     // The caller, suspended in Suspend() until Resume(): woken (room, reply, connection lost),
     // its deadline passed, or it cancelled. Empty while the caller runs.
-    asio::any_completion_handler<void()> resume;
+    std::optional<Resumer> resume;
     Clock::time_point deadline = Clock::time_point::max();  // while suspended
     google::protobuf::MessageLite* reply = nullptr;
     Status status;
@@ -633,7 +644,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     // Client streams: the writer suspended for window (beside the reader in `resume`), the
     // frame bytes the server still lets us send, whether we half-closed, and the final reply's
     // bytes (client-streaming calls) until FinishStream parses them.
-    asio::any_completion_handler<void()> write_resume;
+    std::optional<Resumer> write_resume;
     int64_t send_credit = 0;
     bool writes_done = false;
     std::string final_payload;
@@ -788,7 +799,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // cancellation state).
   // `waiter`: where the handler waits, Slot::resume (calls, stream readers) or
   // Slot::write_resume (stream writers: a bidirectional stream may have both at once).
-  using Waiter = asio::any_completion_handler<void()> Slot::*;
+  using Waiter = std::optional<Resumer> Slot::*;
   asio::awaitable<void> Suspend(uint32_t index, Clock::time_point deadline,
                                 Waiter waiter = &Slot::resume) {
     Slot& slot = *slots_[index];
@@ -797,12 +808,8 @@ class ChannelCore final : public transport::ConnectionHandler,
     return asio::async_initiate<decltype(asio::use_awaitable), void()>(
         [this, index, gen = slot.generation, waiter](auto handler) {
           Slot& s = *slots_[index];
-          // swap, not move-assignment: Boost 1.81's any_completion_handler move-assignment
-          // wraps the handler in itself until the stack runs out.
-          asio::any_completion_handler<void()>(std::move(handler)).swap(s.*waiter);
-          // The wrapper forwards the caller's cancellation to its own slot (installed after
-          // wrapping: wrapping takes over the handler's slot).
-          if (auto cs = (s.*waiter).get_cancellation_slot(); cs.is_connected()) {
+          (s.*waiter).emplace(std::move(handler));
+          if (auto cs = (s.*waiter)->get_cancellation_slot(); cs.is_connected()) {
             cs.assign([this, index, gen, waiter](asio::cancellation_type) {
               // Invoked by the caller's emit, on this thread. The slot may have moved on.
               if (index < slots_.size() && slots_[index]->generation == gen) {
@@ -825,8 +832,8 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   void ResumeWaiter(Slot& s, Waiter waiter, bool from_cancellation = false) {
     if (!(s.*waiter)) return;
-    asio::any_completion_handler<void()> h;
-    h.swap(s.*waiter);  // see Suspend: no move-assignment
+    Resumer h = std::move(*(s.*waiter));
+    (s.*waiter).reset();
     if (!s.resume && !s.write_resume) s.deadline = Clock::time_point::max();
     // The cancellation handler must not be destroyed while it runs (it is what called us).
     if (!from_cancellation) h.get_cancellation_slot().clear();
@@ -843,17 +850,14 @@ class ChannelCore final : public transport::ConnectionHandler,
   // coroutine runs there too (Channel::Call hops there first).
   void ResumeCallerNow(Slot& s) {
     if (!s.resume) return;
-    asio::any_completion_handler<void()> h;
-    h.swap(s.resume);  // see Suspend: no move-assignment
+    Resumer h = std::move(*s.resume);
+    s.resume.reset();
     if (!s.write_resume) s.deadline = Clock::time_point::max();
     h.get_cancellation_slot().clear();
-    try {
-      std::move(h)();
-    } catch (...) {
-      // An exception out of the caller's completion handler leaves io_context::run(), as it
-      // did from a posted handler, rather than unwinding through the transport's delivery.
-      asio::post(executor_, [e = std::current_exception()] { std::rethrow_exception(e); });
-    }
+    // What the caller's code throws does not come back through here: its coroutine's
+    // completion is dispatched through its executor, which keeps an exception for
+    // io_context::run() to rethrow (rpc_integration_test: "a caller resumed by its reply...").
+    std::move(h)();
   }
 
   // Arms the channel's deadline timer for `deadline` if it is earlier than the one it waits for.
@@ -1434,14 +1438,7 @@ asio::awaitable<Status> Channel::Call(const MethodInfo& method,
                                       const google::protobuf::MessageLite& request,
                                       google::protobuf::MessageLite& reply,
                                       const CallOptions& options) {
-  auto current = co_await asio::this_coro::executor;
-  if (current == executor_) {
-    co_return co_await core_->Call(method, request, reply, options);
-  }
-  // Hop to the channel's thread and back; the caller stays suspended meanwhile, so request and
-  // reply are touched by one thread at a time.
-  co_return co_await asio::co_spawn(executor_, core_->Call(method, request, reply, options),
-                                    asio::use_awaitable);
+  return core_->Call(method, request, reply, options);  // (hops to the channel's thread itself)
 }
 
 }  // namespace rdmarpc

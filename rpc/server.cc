@@ -18,6 +18,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
 #include <condition_variable>
+#include <exception>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -52,8 +53,8 @@ class HandlerPool {
   // unwinds an unfinished coroutine); must run before the io_context is destroyed.
   ~HandlerPool() {
     for (Runner* r : idle_) {
-      asio::any_completion_handler<void()> h;
-      h.swap(r->resume);  // out of the runner first: destroying h may free the runner
+      Resumer h = std::move(*r->resume);  // out of the runner first: destroying h may free it
+      r->resume.reset();
     }
   }
 
@@ -64,8 +65,8 @@ class HandlerPool {
       Runner* r = idle_.back();
       idle_.pop_back();
       r->job = std::move(job);
-      asio::any_completion_handler<void()> h;
-      h.swap(r->resume);
+      Resumer h = std::move(*r->resume);
+      r->resume.reset();
       std::move(h)();
       return;
     }
@@ -83,18 +84,31 @@ class HandlerPool {
  private:
   static constexpr size_t kMaxIdle = 64;
 
+  // What resumes an idle runner: the coroutine's own completion handler, kept as its concrete
+  // type. (An any_completion_handler would allocate, and install a cancellation forwarder in
+  // the runner's slot, each time a runner goes idle.)
+  using Resumer = asio::async_result<asio::use_awaitable_t<>, void()>::handler_type;
+
   struct Runner {
     HandlerPool* pool = nullptr;
     asio::cancellation_signal cancel;  // the running call's: emitted when its caller cancels
     CallJobPtr job;
-    asio::any_completion_handler<void()> resume;  // while idle
+    std::optional<Resumer> resume;  // while idle
   };
 
   static asio::awaitable<void> Loop(Runner* r) {
     for (;;) {
       {
         auto job = std::move(r->job);
-        co_await job->Run(&r->cancel);
+        Status status;
+        try {
+          status = co_await job->Begin(&r->cancel);
+        } catch (const std::exception& e) {
+          status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+        } catch (...) {
+          status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+        }
+        job->Finish(std::move(status));
       }  // the call's state goes before the runner waits for the next
       // A cancelled call leaves the runner's state cancelled: the next call starts clean.
       co_await asio::this_coro::reset_cancellation_state();
@@ -102,8 +116,7 @@ class HandlerPool {
       if (pool->idle_.size() >= kMaxIdle) co_return;
       co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
           [r](auto handler) {
-            // swap: Boost 1.81's any_completion_handler move-assignment recurses.
-            asio::any_completion_handler<void()>(std::move(handler)).swap(r->resume);
+            r->resume.emplace(std::move(handler));
             r->pool->idle_.push_back(r);
           },
           asio::use_awaitable);

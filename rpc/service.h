@@ -112,9 +112,12 @@ struct CancelHook {
 class CallJob {
  public:
   virtual ~CallJob() = default;
-  // Makes the call cancellable through `cancel`, runs the user's handler and finishes the call.
-  // Never throws: a throwing handler finishes the call with INTERNAL.
-  virtual boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) = 0;
+  // Makes the call cancellable through `cancel` and returns the user's handler, not started yet.
+  // The runner awaits it in its own coroutine (a wrapper coroutine here would cost a frame and
+  // a resumption per call), turns what it throws into INTERNAL and passes the Status to Finish.
+  virtual boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) = 0;
+  // Finishes the call with `status`, the handler's. Called once, after Begin's handler is done.
+  virtual void Finish(Status status) = 0;
   // Disposes of the job once its call is over (CallJobPtr's deleter): deletes it, or keeps it
   // for a later call (unary jobs, see UnaryMethodHandler).
   virtual void Recycle() { delete this; }
@@ -391,21 +394,10 @@ void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
   if (ParseRequest(job->request, payload, job->call)) RunJob(std::move(job));
 }
 
-// Awaits a streaming handler's `body` (a coroutine lambda, awaited at once), turning what it
-// throws into INTERNAL, and a stream error (a message too large, one that does not parse) into
-// the call's Status (`stream_error`, read once the body is done), whatever the handler returned.
-template <class Body>
-boost::asio::awaitable<Status> RunStreamHandler(Body body, const Status& stream_error) {
-  Status status;
-  try {
-    status = co_await body();
-  } catch (const std::exception& e) {
-    status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
-  } catch (...) {
-    status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
-  }
-  if (!stream_error.ok()) status = stream_error;
-  co_return status;
+// A stream's Status: a stream error (a message too large, one that does not parse) wins over
+// whatever the handler returned.
+inline Status StreamStatus(Status handler_status, const Status& stream_error) {
+  return stream_error.ok() ? std::move(handler_status) : stream_error;
 }
 }  // namespace internal
 
@@ -451,18 +443,11 @@ class UnaryMethodHandler final : public MethodHandler {
       return j;
     }
 
-    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+    boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call->TrackCancellation(cancel);
-      Status status;
-      try {
-        status = co_await invoke(*service, call->context(), request, reply);
-      } catch (const std::exception& e) {
-        status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
-      } catch (...) {
-        status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
-      }
-      call->Finish(status, status.ok() ? &reply : nullptr);
+      return invoke(*service, call->context(), request, reply);
     }
+    void Finish(Status status) override { call->Finish(status, status.ok() ? &reply : nullptr); }
 
     void Recycle() override {
       call.reset();
@@ -519,11 +504,12 @@ class ServerStreamingMethodHandler final : public MethodHandler {
   struct Job final : internal::CallJob {
     Job(Invoker i, Service& s, ServerCall c)
         : invoke(i), service(s), call(std::move(c)), writer(call) {}
-    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+    boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, nullptr);
-      Status status = co_await internal::RunStreamHandler(
-          [this] { return invoke(service, call.context(), request, writer); }, writer.error());
-      call.Finish(status, nullptr);
+      return invoke(service, call.context(), request, writer);
+    }
+    void Finish(Status status) override {
+      call.Finish(internal::StreamStatus(std::move(status), writer.error()), nullptr);
     }
     Invoker invoke;
     Service& service;
@@ -553,10 +539,12 @@ class ClientStreamingMethodHandler final : public MethodHandler {
   struct Job final : internal::CallJob {
     Job(Invoker i, Service& s, ServerCall c)
         : invoke(i), service(s), call(std::move(c)), reader(call) {}
-    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+    boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
-      Status status = co_await internal::RunStreamHandler(
-          [this] { return invoke(service, call.context(), reader, reply); }, reader.error());
+      return invoke(service, call.context(), reader, reply);
+    }
+    void Finish(Status status) override {
+      status = internal::StreamStatus(std::move(status), reader.error());
       call.Finish(status, status.ok() ? &reply : nullptr);
     }
     Invoker invoke;
@@ -587,11 +575,12 @@ class BidiStreamingMethodHandler final : public MethodHandler {
   struct Job final : internal::CallJob {
     Job(Invoker i, Service& s, ServerCall c)
         : invoke(i), service(s), call(std::move(c)), stream(call) {}
-    boost::asio::awaitable<void> Run(boost::asio::cancellation_signal* cancel) override {
+    boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
-      Status status = co_await internal::RunStreamHandler(
-          [this] { return invoke(service, call.context(), stream); }, stream.error());
-      call.Finish(status, nullptr);
+      return invoke(service, call.context(), stream);
+    }
+    void Finish(Status status) override {
+      call.Finish(internal::StreamStatus(std::move(status), stream.error()), nullptr);
     }
     Invoker invoke;
     Service& service;

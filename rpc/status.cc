@@ -42,10 +42,15 @@ std::string StatusCodeName(StatusCode code) {
   return "CODE_" + std::to_string(static_cast<uint32_t>(code));
 }
 
+const std::string& Status::EmptyMessage() {
+  static const std::string empty;
+  return empty;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s = StatusCodeName(code_);
-  if (!message_.empty()) s += ": " + message_;
+  if (message_) s += ": " + *message_;
   return s;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,27 +34,47 @@ enum class StatusCode : uint32_t {
 // "OK", "DEADLINE_EXCEEDED", ...; "CODE_<n>" for values outside the set.
 std::string StatusCodeName(StatusCode code);
 
-// A value type: cheap to copy when OK (no message).
+// A value type. Without a message (every OK status) it is a code and a null pointer: copies and
+// moves cost a few instructions, which matters because each call moves its Status several
+// times (a std::string member made every move an out-of-line call).
 class Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message)
+      : code_(code),
+        message_(message.empty() ? nullptr : std::make_unique<std::string>(std::move(message))) {}
+  Status(const Status& o) : code_(o.code_), message_(CopyMessage(o)) {}
+  Status& operator=(const Status& o) {
+    if (this != &o) {
+      code_ = o.code_;
+      message_ = CopyMessage(o);
+    }
+    return *this;
+  }
+  // A moved-from Status keeps its code and loses its message.
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
 
   static Status Ok() { return Status(); }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const { return message_ ? *message_ : EmptyMessage(); }
   // "OK" or "UNAVAILABLE: connection closed".
   std::string ToString() const;
 
   friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
+    return a.code_ == b.code_ && a.message() == b.message();
   }
 
  private:
+  static const std::string& EmptyMessage();
+  static std::unique_ptr<std::string> CopyMessage(const Status& o) {
+    return o.message_ ? std::make_unique<std::string>(*o.message_) : nullptr;
+  }
+
   StatusCode code_ = StatusCode::kOk;
-  std::string message_;
+  std::unique_ptr<std::string> message_;  // null when empty
 };
 
 // The reply of a call, or the Status that says why there is none.

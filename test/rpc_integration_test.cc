@@ -7,6 +7,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <catch2/catch.hpp>
@@ -73,6 +74,104 @@ TEST_CASE("1,000 concurrent calls on one channel each get their own reply", "[rp
     co_return good;
   }());
   REQUIRE(matched == kCalls);
+}
+
+TEST_CASE("a caller resumed by its reply may drop its channel, throw, or live on another thread",
+          "[rpc][core]") {
+  // A unary call's caller resumes inside the channel's delivery of the reply (no event-loop turn
+  // of its own): what it does next must not upset the channel or the transport.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen);
+  SECTION("the last reference to the channel dropped right after each reply") {
+    int good = RunLoop([&]() -> asio::awaitable<int> {
+      int n = 0;
+      for (int i = 0; i < 100; ++i) {
+        auto ch = co_await MustConnect(ts.uri);
+        EchoRequest req;
+        req.set_seq(i);
+        EchoReply reply;
+        Status s;
+        {
+          TestService::Stub stub(ch);
+          s = co_await stub.Echo(req, reply);
+        }
+        ch.reset();  // the channel goes here, inside the delivery of the reply
+        if (s.ok() && reply.seq() == uint64_t(i)) ++n;
+      }
+      co_return n;
+    }());
+    CHECK(good == 100);
+  }
+  SECTION("an exception thrown after a reply leaves io_context::run(); the channel goes on") {
+    asio::io_context ioc(1);
+    auto work = asio::make_work_guard(ioc);  // inproc:// keeps no operation pending here
+    std::shared_ptr<Channel> ch;
+    asio::co_spawn(
+        ioc, [&]() -> asio::awaitable<void> { ch = co_await MustConnect(ts.uri); }, asio::detached);
+    while (!ch && ioc.run_one() > 0) {
+    }
+    REQUIRE(ch);
+    bool replied = false;
+    asio::co_spawn(
+        ioc,
+        [&]() -> asio::awaitable<void> {
+          TestService::Stub stub(ch);
+          EchoRequest req;
+          auto r = co_await stub.Echo(req);
+          replied = r.ok();
+          throw std::runtime_error("thrown after the reply");
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+    std::string what;
+    try {
+      ioc.run_for(10s);
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    CHECK(replied);
+    CHECK(what == "thrown after the reply");
+    // The connection still reads: later calls are answered.
+    int good = 0;
+    asio::co_spawn(
+        ioc,
+        [&]() -> asio::awaitable<void> {
+          TestService::Stub stub(ch);
+          for (int i = 0; i < 10; ++i) {
+            EchoRequest req;
+            req.set_seq(i);
+            auto r = co_await stub.Echo(req);
+            if (r.ok() && r->seq() == uint64_t(i)) ++good;
+          }
+          ioc.stop();
+        },
+        asio::detached);
+    ioc.restart();
+    ioc.run_for(10s);
+    CHECK(good == 10);
+    ch.reset();  // closes on the io_context: let it run
+    work.reset();
+    ioc.restart();
+    ioc.run_for(2s);
+  }
+  SECTION("a caller on another io_context: the call hops to the channel's thread and back") {
+    auto ch = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(ch.ok());
+    int good = RunLoop([&]() -> asio::awaitable<int> {
+      TestService::Stub stub(*ch);
+      const auto caller = std::this_thread::get_id();
+      int n = 0;
+      for (int i = 0; i < 100; ++i) {
+        EchoRequest req;
+        req.set_seq(i);
+        auto r = co_await stub.Echo(req);
+        if (r.ok() && r->seq() == uint64_t(i) && std::this_thread::get_id() == caller) ++n;
+      }
+      co_return n;
+    }());
+    CHECK(good == 100);
+  }
 }
 
 TEST_CASE("payloads of 0 B, 1 B, 64 KiB and 16 MiB arrive intact", "[rpc][core]") {
