@@ -10,8 +10,13 @@ namespace {
 constexpr auto kDrainLimit = std::chrono::milliseconds(200);
 }  // namespace
 
-EventLoopThread::EventLoopThread()
+EventLoopThread::EventLoopThread(bool start)
     : ioc_(std::make_unique<boost::asio::io_context>(1)), work_(ioc_->get_executor()) {
+  if (start) Start();
+}
+
+void EventLoopThread::Start() {
+  if (thread_.joinable() || finished_.valid()) return;
   std::promise<void> ran;
   finished_ = ran.get_future();
   thread_ = std::thread([ctx = ioc_.get(), ran = std::move(ran)]() mutable {
@@ -20,8 +25,16 @@ EventLoopThread::EventLoopThread()
   });
 }
 
+void EventLoopThread::StopAndJoin() {
+  work_.reset();
+  if (!thread_.joinable()) return;
+  ioc_->stop();
+  thread_.join();
+}
+
 EventLoopThread::~EventLoopThread() {
   work_.reset();
+  if (!thread_.joinable()) return;  // never started, or StopAndJoin ran
   if (in_loop_thread()) {
     ioc_->stop();
     thread_.detach();

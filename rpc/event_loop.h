@@ -1,6 +1,6 @@
-// EventLoopThread: one io_context run by one dedicated thread, started at once. Used by blocking
-// clients (Channel::ConnectBlocking) and tests; the server runs its own I/O threads (IoThread in
-// server.cc: started by Server::Start, with a handler pool and a connection set).
+// EventLoopThread: one io_context run by one dedicated thread. Used by blocking clients
+// (Channel::ConnectBlocking), tests, and the server, whose I/O threads are each one of these
+// (IoThread in server.cc adds its handler pool and connection set).
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -14,12 +14,20 @@ namespace rdmarpc {
 
 class EventLoopThread {
  public:
-  // Starts the thread at once.
-  EventLoopThread();
+  // Starts the thread at once, or, with start = false, at Start().
+  explicit EventLoopThread(bool start = true);
+  // Starts the thread if it has not started. Not thread-safe against itself or StopAndJoin.
+  void Start();
+  // Stops the loop now, leaving what is queued on it queued (run it afterwards with
+  // context().restart() and poll(), on the caller's thread), and joins. For an owner that has
+  // already let its work finish, as the server does once its connections are closed. Does
+  // nothing if the thread never started or was stopped already. Not from the loop thread.
+  void StopAndJoin();
   // Lets the loop finish by itself (its queued work run, other threads' work on it released),
   // waiting at most 200 ms; then stops it, abandoning what is still attached (open sockets,
   // timers), and joins. Safe to run on the loop thread itself: then the loop is stopped, the
-  // thread detached and the context deliberately leaked instead of self-joined.
+  // thread detached and the context deliberately leaked instead of self-joined. Nothing to do
+  // after StopAndJoin.
   ~EventLoopThread();
   EventLoopThread(const EventLoopThread&) = delete;
   EventLoopThread& operator=(const EventLoopThread&) = delete;

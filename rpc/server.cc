@@ -9,7 +9,6 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -28,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "rpc/event_loop.h"
 #include "rpc/frame_writer.h"
 #include "rpc/keepalive.h"
 #include "transport/factory.h"
@@ -127,13 +127,13 @@ class HandlerPool {
   std::vector<Runner*> idle_;
 };
 
+// One of the server's I/O threads: its event loop (started by Server::Start) and what lives on
+// it.
 struct IoThread {
-  asio::io_context ioc{1};
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work{
-      ioc.get_executor()};
-  // After ioc: destroyed before it.
+  EventLoopThread loop{/*start=*/false};
+  asio::io_context& ioc = loop.context();
+  // After loop: destroyed before its io_context.
   HandlerPool handlers{ioc.get_executor()};
-  std::thread thread;
   // Open connections of this thread; touched only on this thread.
   std::unordered_set<std::shared_ptr<ServerConnection>> connections;
   // Set by Shutdown (on this thread) once it has closed the connections: fulfilled, and reset,
@@ -828,9 +828,7 @@ Result<std::string> Server::Listen(const std::string& uri) {
 
 void Server::Start() {
   if (core_->started.exchange(true)) return;
-  for (auto& t : core_->threads) {
-    t->thread = std::thread([ctx = &t->ioc] { ctx->run(); });
-  }
+  for (auto& t : core_->threads) t->loop.Start();
 }
 
 void Server::RequestShutdown() { core_->WakeRun(); }
@@ -911,12 +909,8 @@ void Server::Shutdown() {
         std::chrono::steady_clock::now() + std::chrono::milliseconds(kShutdownFlushMs + 500);
     for (size_t i = 0; i < core_->threads.size(); ++i) {
       (void)closed[i].wait_until(flush_deadline);
-      core_->threads[i]->work.reset();
-      core_->threads[i]->ioc.stop();
+      core_->threads[i]->loop.StopAndJoin();
     }
-  }
-  for (auto& t : core_->threads) {
-    if (t->thread.joinable()) t->thread.join();
   }
   // Run what the loops left queued (close notifications) on this thread, now that theirs are
   // gone. Handlers still suspended are destroyed with their io_context later; their ServerCall
