@@ -915,7 +915,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     s.active = s.sent = s.abandoned = false;
     s.reply = nullptr;
     s.status = Status();
-    s.messages.clear();
+    if (!s.messages.empty()) s.messages.clear();  // (a deque's clear costs even when empty)
     s.final_payload.clear();
     ++s.generation;
     free_.push_back(index);

@@ -108,7 +108,11 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   // One unary call. `request` and `reply` must stay alive until the returned awaitable
-  // completes; `reply` is filled only when the Status is OK.
+  // completes; `reply` is filled only when the Status is OK. The caller resumes on the
+  // channel's executor, straight from the delivery of its reply (no event-loop turn between):
+  // it may start more calls or drop the channel there, but work that blocks delays the other
+  // replies of that connection. The channel must outlive the awaitable's start (co_await it
+  // at once).
   boost::asio::awaitable<Status> Call(const MethodInfo& method,
                                       const google::protobuf::MessageLite& request,
                                       google::protobuf::MessageLite& reply,
