@@ -10,6 +10,44 @@ import subprocess
 import sys
 import time
 
+# Earlier runs of the metrics overhead, for comparison with the table of the current run.
+METRICS_HISTORY = (
+    "Earlier runs (same command, same machine): 2026-12-01, before interceptors bound to each "
+    "method: callgrind +386 client / +350 server instructions per call (1.053 / 1.049), depth-32 "
+    "calls/s 0.934, depth-1 p50 1.000; 2026-12-02 on 76903b1, after the binding (`ForMethod`: "
+    "each method's counters found once, not by name per call): +278 / +231 (1.038 / 1.037), "
+    "depth-32 calls/s 0.964, depth-1 p50 1.000. Since then the call itself got cheaper (the "
+    "afternoon's cuts, see \"CPU cost per call\"), so the same absolute cost of counting is a "
+    "larger share of a call.")
+
+# How the CPU cost per call came down, step by step (measured side by side; see the commits).
+CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls\' jobs (request, reply, context) are reused per thread instead of allocated per call (same command, `callgrind_pair` in tools/bench/lib.sh): server 7,156 -> 6,296 over tcp:// (malloc/free and the job\'s construction: -860), client unchanged (7,274 -> 7,288); then TCP\'s send stopped comparing a successful write\'s error code with "would block" (two error_code compares, ~60 instructions per send): server 6,235, client 7,211; then a call admitted at once sends its request from a plain function instead of a second coroutine (frame, entry and exit): client 7,000. The day\'s changes as an A/B over TCP on loopback, `tools/bench/ab.sh a548efb 5` (2026-12-02, this machine; B = bc79529, the same code as 4b02f8b): depth-32 calls/s +4%, depth-1 latency unchanged (the kernel\'s loopback dominates it), instructions per call -3% client, -13% server:',
+    '',
+    'A = a548efb, B = working tree (bc79529); 5 rounds, medians',
+    '',
+    '| case | A p50 us | B p50 us | B/A | A calls/s | B calls/s | B/A |',
+    '| --- | --- | --- | --- | --- | --- | --- |',
+    '| 64 B, depth 1 | 46.3 | 46.3 | 1.00 | 19030 | 18637 | 0.98 |',
+    '| 64 B, depth 32 | 83.5 | 80.4 | 0.96 | 341703 | 354315 | 1.04 |',
+    '| 1048576 B, depth 1 | 1028.1 | 1019.9 | 0.99 | 897 | 917 | 1.02 |',
+    '| instructions per call, client | 7236 | 7003 | 0.97 | | | |',
+    '| instructions per call, server | 7150 | 6235 | 0.87 | | | |',
+    '',
+    'Over rdma:// in the VM, both builds side by side in one boot (a548efb\'s bench binary and 4b02f8b\'s, each side under callgrind for 200 and 1,200 calls in events mode, as `tools/bench/vm_bench.sh` does; run by hand with `tools/vm/rxe_vm.sh --mem 4G`): client 8,205 -> 7,926, server 7,349 -> 6,515. Events-mode figures include the completion-channel wake-ups, whose number per call varies from boot to boot (that boot\'s "before" was above the 7,463 / 6,854 of that morning\'s full run).',
+    '',
+    'A second A/B the same day, after fewer event-loop turns, allocations and frames per call (25919a7, d4fb214), `tools/bench/ab.sh ab97bc4 5` (2026-12-02, this machine): callgrind client 6,972 -> 4,086 and server 6,265 -> 4,678; depth-1 p50 -18%, depth-32 calls/s +24%:',
+    '',
+    'A = ab97bc4, B = working tree (d4fb214); 5 rounds, medians',
+    '',
+    '| case | A p50 us | B p50 us | B/A | A calls/s | B calls/s | B/A |',
+    '| --- | --- | --- | --- | --- | --- | --- |',
+    '| 64 B, depth 1 | 42.2 | 34.6 | 0.82 | 21154 | 25655 | 1.21 |',
+    '| 64 B, depth 32 | 68.1 | 54.0 | 0.79 | 422622 | 525191 | 1.24 |',
+    '| 1048576 B, depth 1 | 970.8 | 978.9 | 1.01 | 981 | 992 | 1.01 |',
+    '| instructions per call, client | 6972 | 4086 | 0.59 | | | |',
+    '| instructions per call, server | 6265 | 4678 | 0.75 | | | |']
+
+
 
 def load(path):
     if not os.path.exists(path):
@@ -177,17 +215,22 @@ def main():
       "Under TCG emulation "
       "every instruction costs tens of times more than on hardware, so the fixed per-call CPU "
       "cost, not the wire, sets the round trip: the ratio says more about our instruction count "
-      "than about RDMA. Taken out so far (TCP, callgrind, 2026-12-01): the async write per "
-      "message (a TCP send now writes in place and goes asynchronous only when the kernel does "
-      "not take it all; client 7,482 -> 6,649, server 10,182 -> 9,404), the timer per client "
-      "call (a suspended call waits on a handler in its slot; one deadline timer per channel: "
-      "client -> 6,541) and the co_spawn per server call (handlers run in coroutines reused per "
-      "I/O thread: server -> 6,853). What is left, from the profiles below: Asio's scheduler "
-      "(a mutex locked per handler even with `io_context(1)`, several event-loop turns and "
-      "epoll_wait calls per call), the coroutine frames of the call path, protobuf parsing and "
-      "serialization, malloc/free. Next steps: fewer event-loop turns per call (read right "
-      "after a send, resume callers inline where it is safe), protobuf arenas, a lock-free "
-      "single-thread scheduler.")
+      "than about RDMA. Taken out so far (TCP, callgrind; the steps and their figures are under "
+      "\"CPU cost per call\" below): the async write per message, the timer per client call and "
+      "the co_spawn per server call (2026-12-01); the job allocations per server call, a second "
+      "coroutine per client call (2026-12-02 morning); then the event-loop turns of a call (the "
+      "caller resumes inside the delivery of its reply, and TCP writes what a delivery queued "
+      "when it ends), the out-of-line string moves of every Status, the wrapper coroutine "
+      "around each handler, an allocation per suspension (type-erased completion handlers) and "
+      "the second coroutine frame per client call that sent one frame to malloc every call "
+      "(2026-12-02 afternoon; client 6,939 -> 4,088, server 6,266 -> 4,678). What is left, "
+      "from the profiles below: Asio's reactor and scheduler (a mutex locked per operation even "
+      "with `io_context(1)`, epoll_wait, the reactor's per-descriptor lock), glibc's "
+      "cancellation-point wrappers around each recv/send (~120 per call), protobuf parsing and "
+      "serialization (~500 per side), the coroutine machinery of the call path, and the "
+      "runtime's own bookkeeping (call table, contexts, in-flight counts). The 2,500 target "
+      "needs the hot path off Asio's reactor and scheduler (an event loop of our own for the "
+      "connection's socket or completion queue); not done.")
     w("- Polling modes. Events mode (`--poll-spin-us 0`) pays a completion-channel wake-up per "
       "message on each side; busy-poll removes it at the price of a spinning core; the default, "
       "adaptive polling, keeps polling for 200 us after the last completion and then sleeps, so "
@@ -389,6 +432,10 @@ def main():
             v = rdma_ir2.get(r["side"])
             w(f"| {r['side']} | {r['ir_per_call']:,} | {f'{v:,}' if v is not None else '-'} |")
         w("")
+        # Steps measured side by side (tools/bench/ab.sh and by hand), kept from run to run.
+        for line in CPU_HISTORY:
+            w(line)
+        w("")
         for side in ("client", "server"):
             p = os.path.join(res, f"{side}.top.txt")
             if os.path.exists(p):
@@ -414,6 +461,8 @@ def main():
           "are in both columns; the callgrind rows are the deterministic measure, the timed rows "
           "move by several percent from run to run on this shared 2-core machine (hence the "
           "min - max columns).")
+        w("")
+        w(METRICS_HISTORY)
         w("")
         with open(p) as f:
             for line in f:
