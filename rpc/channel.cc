@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "rpc/frame_writer.h"
-#include "rpc/keepalive.h"
+#include "rpc/internal/frame_writer.h"
+#include "rpc/internal/keepalive.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {

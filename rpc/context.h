@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "rpc/frame.h"
+#include "rpc/metadata.h"
 
 namespace rdmarpc {
 

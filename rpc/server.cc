@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "rpc/event_loop.h"
-#include "rpc/frame_writer.h"
-#include "rpc/keepalive.h"
+#include "rpc/internal/frame_writer.h"
+#include "rpc/internal/keepalive.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {

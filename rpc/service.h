@@ -24,6 +24,7 @@
 
 #include "rpc/context.h"
 #include "rpc/interceptor.h"
+#include "rpc/internal/frame.h"  // kStreamWindowBytes
 #include "rpc/method_id.h"
 #include "rpc/status.h"
 #include "transport/transport.h"

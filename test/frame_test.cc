@@ -1,5 +1,5 @@
 // The frame codec: round trips, and rejection of truncated or garbled input.
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>

@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "proto/echo.rdmarpc.pb.h"
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 #include "rpc/rdmarpc.h"
 #include "test/process_util.h"
 #include "test/test_util.h"

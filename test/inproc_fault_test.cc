@@ -7,7 +7,7 @@
 #include <mutex>
 #include <set>
 
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 #include "test/test_util.h"
 #include "transport/inproc/inproc_transport.h"
 

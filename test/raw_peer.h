@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 #include "rpc/service.h"
 #include "test/protos/test_service.pb.h"
 #include "transport/factory.h"

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 #include "test/raw_peer.h"
 #include "test/test_util.h"
 #include "transport/transport.h"

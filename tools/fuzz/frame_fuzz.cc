@@ -1,9 +1,10 @@
-// Fuzz target: the RPC frame decoder (rpc/frame.h) on arbitrary bytes, as a server or client sees
-// them from a peer. Beyond "no crash": whatever decodes must encode back to the same bytes.
+// Fuzz target: the RPC frame decoder (rpc/internal/frame.h) on arbitrary bytes, as a server or
+// client sees them from a peer. Beyond "no crash": whatever decodes must encode back to the same
+// bytes.
 #include <cstdlib>
 #include <cstring>
 
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace rdmarpc;

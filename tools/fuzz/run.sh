@@ -25,7 +25,7 @@ command -v "$CXX" >/dev/null || { echo "run.sh: $CXX not found (bash tools/setup
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I.)
 declare -A sources=(
-  [frame]="tools/fuzz/frame_fuzz.cc rpc/frame.cc"
+  [frame]="tools/fuzz/frame_fuzz.cc rpc/internal/frame.cc"
   [reassembler]="tools/fuzz/reassembler_fuzz.cc"
   [handshake]="tools/fuzz/handshake_fuzz.cc transport/handshake.cc -lcrypto"
   [record]="tools/fuzz/record_fuzz.cc"

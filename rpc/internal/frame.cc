@@ -1,4 +1,4 @@
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 
 #include <endian.h>
 

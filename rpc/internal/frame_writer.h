@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "rpc/frame.h"
+#include "rpc/internal/frame.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::internal {

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "rpc/metadata.h"
+
 namespace rdmarpc {
 
 inline constexpr uint8_t kFrameMagic = 0xA7;
@@ -72,8 +74,6 @@ struct FrameHeader {
   uint32_t status = 0;      // responses: StatusCode
   uint32_t metadata_bytes = 0;
 };
-
-using Metadata = std::vector<std::pair<std::string, std::string>>;
 
 // Writes the header's 32 bytes to dst.
 void EncodeFrameHeader(const FrameHeader& h, std::byte* dst);
