@@ -832,13 +832,20 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   void ResumeWaiter(Slot& s, Waiter waiter, bool from_cancellation = false) {
     if (!(s.*waiter)) return;
+    // The caller's coroutine runs on this channel's executor (Channel::Call hops here first).
+    asio::post(executor_,
+               [h = TakeWaiter(s, waiter, from_cancellation)]() mutable { std::move(h)(); });
+  }
+
+  // Takes the handler suspended on `s.*waiter` (present) out of the slot; the slot forgets its
+  // deadline once nobody waits on it. The caller's cancellation handler is cleared, unless it is
+  // what called us (`from_cancellation`: it must not be destroyed while it runs).
+  Resumer TakeWaiter(Slot& s, Waiter waiter, bool from_cancellation) {
     Resumer h = std::move(*(s.*waiter));
     (s.*waiter).reset();
     if (!s.resume && !s.write_resume) s.deadline = Clock::time_point::max();
-    // The cancellation handler must not be destroyed while it runs (it is what called us).
     if (!from_cancellation) h.get_cancellation_slot().clear();
-    // The caller's coroutine runs on this channel's executor (Channel::Call hops here first).
-    asio::post(executor_, [h = std::move(h)]() mutable { std::move(h)(); });
+    return h;
   }
 
   // Resumes a unary call's caller here and now, rather than from a posted handler (an
@@ -850,10 +857,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // coroutine runs there too (Channel::Call hops there first).
   void ResumeCallerNow(Slot& s) {
     if (!s.resume) return;
-    Resumer h = std::move(*s.resume);
-    s.resume.reset();
-    if (!s.write_resume) s.deadline = Clock::time_point::max();
-    h.get_cancellation_slot().clear();
+    Resumer h = TakeWaiter(s, &Slot::resume, /*from_cancellation=*/false);
     // What the caller's code throws does not come back through here: its coroutine's
     // completion is dispatched through its executor, which keeps an exception for
     // io_context::run() to rethrow (rpc_integration_test: "a caller resumed by its reply...").
