@@ -45,7 +45,9 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '| 64 B, depth 32 | 68.1 | 54.0 | 0.79 | 422622 | 525191 | 1.24 |',
     '| 1048576 B, depth 1 | 970.8 | 978.9 | 1.01 | 981 | 992 | 1.01 |',
     '| instructions per call, client | 6972 | 4086 | 0.59 | | | |',
-    '| instructions per call, server | 6265 | 4678 | 0.75 | | | |']
+    '| instructions per call, server | 6265 | 4678 | 0.75 | | | |',
+    '',
+    "Over rdma:// in the VM, ab97bc4's bench binary and 3447ed4's side by side in one boot (each side under callgrind for 200 and 1,200 calls in events mode, as `tools/bench/vm_bench.sh` does; run by hand with `tools/vm/rxe_vm.sh --mem 4G`, 2026-12-02): client 8,039 -> 5,558, server 6,538 -> 5,903. The server gains less than over TCP: the TCP-only part (no flush turn of its own) does not apply to RDMA, which posts each send at once."]
 
 
 
