@@ -22,6 +22,7 @@
 
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
+#include "rpc/internal/parked.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {
@@ -607,10 +608,6 @@ class ChannelCore final : public transport::ConnectionHandler,
  private:
   using Clock = std::chrono::steady_clock;
 
-  // A suspended coroutine's completion handler, kept as its concrete type: an
-  // any_completion_handler would allocate, and install a cancellation forwarder, per suspension.
-  using Resumer = asio::async_result<asio::use_awaitable_t<>, void()>::handler_type;
-
   struct Slot {
     // The caller, suspended in Suspend() until Resume(): woken (room, reply, connection lost),
     // its deadline passed, or it cancelled. Empty while the caller runs.
@@ -841,8 +838,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // deadline once nobody waits on it. The caller's cancellation handler is cleared, unless it is
   // what called us (`from_cancellation`: it must not be destroyed while it runs).
   Resumer TakeWaiter(Slot& s, Waiter waiter, bool from_cancellation) {
-    Resumer h = std::move(*(s.*waiter));
-    (s.*waiter).reset();
+    Resumer h = TakeParked(s.*waiter);
     if (!s.resume && !s.write_resume) s.deadline = Clock::time_point::max();
     if (!from_cancellation) h.get_cancellation_slot().clear();
     return h;

@@ -16,7 +16,7 @@ EventLoopThread::EventLoopThread(bool start)
 }
 
 void EventLoopThread::Start() {
-  if (thread_.joinable() || finished_.valid()) return;
+  if (finished_.valid()) return;  // started before (and maybe stopped)
   std::promise<void> ran;
   finished_ = ran.get_future();
   thread_ = std::thread([ctx = ioc_.get(), ran = std::move(ran)]() mutable {

@@ -30,6 +30,7 @@
 #include "rpc/event_loop.h"
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
+#include "rpc/internal/parked.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {
@@ -53,8 +54,7 @@ class HandlerPool {
   // unwinds an unfinished coroutine); must run before the io_context is destroyed.
   ~HandlerPool() {
     for (Runner* r : idle_) {
-      Resumer h = std::move(*r->resume);  // out of the runner first: destroying h may free it
-      r->resume.reset();
+      Resumer h = TakeParked(r->resume);  // destroying it may free the runner
     }
   }
 
@@ -65,9 +65,7 @@ class HandlerPool {
       Runner* r = idle_.back();
       idle_.pop_back();
       r->job = std::move(job);
-      Resumer h = std::move(*r->resume);
-      r->resume.reset();
-      std::move(h)();
+      TakeParked(r->resume)();
       return;
     }
     auto owned = std::make_unique<Runner>();
@@ -83,11 +81,6 @@ class HandlerPool {
 
  private:
   static constexpr size_t kMaxIdle = 64;
-
-  // What resumes an idle runner: the coroutine's own completion handler, kept as its concrete
-  // type. (An any_completion_handler would allocate, and install a cancellation forwarder in
-  // the runner's slot, each time a runner goes idle.)
-  using Resumer = asio::async_result<asio::use_awaitable_t<>, void()>::handler_type;
 
   struct Runner {
     HandlerPool* pool = nullptr;
