@@ -74,7 +74,10 @@ struct CancelHook {
   // after a message larger than what was left), and the writer waiting for more.
   int64_t credit = 0;
   boost::asio::any_completion_handler<void()> credit_waiter;
-  transport::Executor executor;  // the connection's: where waiters resume (streams only)
+  // The connection's executor, where waiters resume (streams only). A pointer: the call holds
+  // its connection, which owns the executor, and copying an any_io_executor into every call's
+  // hook (then moving and destroying it with the call) cost ~60 instructions per call.
+  const transport::Executor* executor = nullptr;
   StreamInbox* inbox = nullptr;  // client streams: what the caller sent
 
   // Marks the call cancelled and cancels what its handler awaits; once only.
@@ -97,7 +100,7 @@ struct CancelHook {
     if (!credit_waiter) return;
     boost::asio::any_completion_handler<void()> h;
     h.swap(credit_waiter);  // swap: Boost 1.81's move-assignment recurses
-    boost::asio::post(executor, [h = std::move(h)]() mutable { std::move(h)(); });
+    boost::asio::post(*executor, [h = std::move(h)]() mutable { std::move(h)(); });
   }
 
   // Resumes a Read waiting for the caller's next message (posted, as above).
@@ -105,7 +108,7 @@ struct CancelHook {
     if (!inbox || !inbox->reader) return;
     boost::asio::any_completion_handler<void()> h;
     h.swap(inbox->reader);
-    boost::asio::post(executor, [h = std::move(h)]() mutable { std::move(h)(); });
+    boost::asio::post(*executor, [h = std::move(h)]() mutable { std::move(h)(); });
   }
 };
 
@@ -198,7 +201,7 @@ class ServerCall {
   void TrackStream(boost::asio::cancellation_signal* signal, internal::StreamInbox* inbox) {
     hook_.streaming = true;
     hook_.credit = static_cast<int64_t>(kStreamWindowBytes);
-    hook_.executor = executor();
+    hook_.executor = &executor();
     hook_.inbox = inbox;
     TrackCancellation(signal);
   }
@@ -345,8 +348,9 @@ class Service;
 // Runs one method: parses the request, calls the user's coroutine, sends the reply.
 class MethodHandler {
  public:
-  // `payload` is valid only during this call.
-  virtual void Start(Service& service, ServerCall call,
+  // Takes `call` over (moved from once, into the call's job). `payload` is valid only during
+  // this call.
+  virtual void Start(Service& service, ServerCall&& call,
                      std::span<const std::byte> payload) const = 0;
 
  protected:
@@ -409,7 +413,8 @@ class UnaryMethodHandler final : public MethodHandler {
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&, Resp&);
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
+  void Start(Service& service, ServerCall&& call,
+             std::span<const std::byte> payload) const override {
     internal::CallJobPtr job(Job::Make(invoke_, service, std::move(call)));
     Job& j = static_cast<Job&>(*job);
     if (!internal::ParseRequest(j.request, payload, *j.call)) return;
@@ -428,7 +433,7 @@ class UnaryMethodHandler final : public MethodHandler {
     static constexpr size_t kKeep = 32;
     static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
 
-    static Job* Make(Invoker i, Service& s, ServerCall c) {
+    static Job* Make(Invoker i, Service& s, ServerCall&& c) {
       Job* j = nullptr;
       if (!pool_gone) {
         std::vector<Job*>& kept = ThreadPool().jobs;
@@ -497,13 +502,14 @@ class ServerStreamingMethodHandler final : public MethodHandler {
                                                      ServerWriter<Resp>&);
   explicit constexpr ServerStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall call, std::span<const std::byte> payload) const override {
+  void Start(Service& service, ServerCall&& call,
+             std::span<const std::byte> payload) const override {
     internal::ParseAndRun(std::make_unique<Job>(invoke_, service, std::move(call)), payload);
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall c)
+    Job(Invoker i, Service& s, ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), writer(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, nullptr);
@@ -532,13 +538,13 @@ class ClientStreamingMethodHandler final : public MethodHandler {
                                                      Resp&);
   explicit constexpr ClientStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
+  void Start(Service& service, ServerCall&& call, std::span<const std::byte>) const override {
     internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall c)
+    Job(Invoker i, Service& s, ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), reader(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
@@ -568,13 +574,13 @@ class BidiStreamingMethodHandler final : public MethodHandler {
                                                      ServerReaderWriter<Req, Resp>&);
   explicit constexpr BidiStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall call, std::span<const std::byte>) const override {
+  void Start(Service& service, ServerCall&& call, std::span<const std::byte>) const override {
     internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall c)
+    Job(Invoker i, Service& s, ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), stream(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
