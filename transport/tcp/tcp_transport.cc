@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,9 +13,11 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/defer.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -22,6 +26,7 @@
 
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
+#include "transport/poller.h"
 #include "transport/stats.h"
 #include "transport/tcp/reassembler.h"
 
@@ -63,23 +68,37 @@ asio::awaitable<std::tuple<boost::system::error_code, size_t>> ReadWithin(tcp::s
   co_return std::get<0>(r);
 }
 
-class TcpConnection final : public Connection, public std::enable_shared_from_this<TcpConnection> {
+// One connection's data path: the socket is read and written with non-blocking syscalls of our
+// own and watched by the event loop's Poller (transport/poller.h), not through Asio socket
+// operations; Asio still runs everything else (set-up, timers, posted work).
+class TcpConnection final : public Connection,
+                            public Poller::Client,
+                            public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(tcp::socket socket, const Options& options)
-      : socket_(std::move(socket)),
-        executor_(socket_.get_executor()),
+      : executor_(socket.get_executor()),
         options_(options),
         reader_(kInitialReadBufferBytes, options.max_message_bytes) {
     boost::system::error_code ec;
-    socket_.set_option(tcp::no_delay(true), ec);
-    // Flush writes synchronously when the kernel takes everything at once; the socket must not
-    // block when it does not.
-    socket_.non_blocking(true, ec);
-    auto remote = socket_.remote_endpoint(ec);
+    socket.set_option(tcp::no_delay(true), ec);
+    auto remote = socket.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
+    // From here on the descriptor is ours (Asio forgets it); it must not block.
+    fd_ = socket.release(ec);
+    if (ec) fd_ = -1;
+    if (fd_ >= 0) {
+      const int flags = ::fcntl(fd_, F_GETFL);
+      if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) {
+        ::close(fd_);
+        fd_ = -1;
+      }
+    }
     Count(Stat::kTcpConnectionsOpened);
   }
-  ~TcpConnection() override { Count(Stat::kTcpConnectionsClosed); }
+  ~TcpConnection() override {
+    if (fd_ >= 0) ::close(fd_);
+    Count(Stat::kTcpConnectionsClosed);
+  }
 
   const Executor& executor() const override { return executor_; }
   bool closed() const override { return handler_.closed(); }
@@ -92,22 +111,33 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
       asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
       return;
     }
-    ReadMore();
+    if (fd_ < 0) {
+      CloseWith("the socket could not be taken over");
+      return;
+    }
+    // The connection's reads and writes keep the io_context's run() going, as an outstanding
+    // Asio operation would (Poller registrations are not work of their own).
+    work_ = asio::prefer(executor_, asio::execution::outstanding_work.tracked);
+    int error = 0;
+    // Data that arrived before this is reported at once (edge-triggered registration reports
+    // what is already pending), from the event loop.
+    registration_ = Poller::For(executor_).Add(fd_, EPOLLIN | EPOLLOUT | EPOLLRDHUP,
+                                               shared_from_this(), &error);
+    if (!registration_) CloseWith(std::string("cannot watch the socket: ") + std::strerror(error));
   }
 
   bool Send(const MessageWriter& message) override {
     if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
-    const size_t at = pending_.size();
-    pending_.resize(at + kLengthPrefixBytes + n);
-    StoreLe32(pending_.data() + at, static_cast<uint32_t>(n));
-    message.WriteTo(pending_.data() + at + kLengthPrefixBytes);
+    std::byte* at = pending_.Append(kLengthPrefixBytes + n);
+    StoreLe32(at, static_cast<uint32_t>(n));
+    message.WriteTo(at + kLengthPrefixBytes);
     if (!writing_ && !flush_scheduled_ && !delivering_) {
       // Defer the write to the end of this event-loop turn so that every message queued in the
-      // same turn leaves in one syscall. (A message queued while DeliverAndRead hands out what
-      // was read -- a reply a handler sent at once, a caller's next call -- leaves when that
-      // ends, without a turn of its own.)
+      // same turn leaves in one syscall. (A message queued while a delivery hands out what was
+      // read -- a reply a handler sent at once, a caller's next call -- leaves when that ends,
+      // without a turn of its own.)
       flush_scheduled_ = true;
       asio::defer(executor_, [self = shared_from_this()] {
         self->flush_scheduled_ = false;
@@ -134,7 +164,7 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     });
   }
 
-  // What the send side holds, buffer slack included (vectors grow by doubling): the figure a
+  // What the send side holds, buffer slack included (buffers grow by doubling): the figure a
   // server's memory budget is about. An empty queue counts nothing: the capacity it keeps for
   // the next batch (at most kShrinkAboveBytes) is not the peer's doing, and counting it would
   // keep a paused receiver paused after everything has been written.
@@ -147,63 +177,138 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
   void ResumeReceiving() override {
     if (!paused_ || closing_) return;
     paused_ = false;
-    if (reading_ || resume_posted_) return;
+    if (resume_posted_) return;
     resume_posted_ = true;
     asio::post(executor_, [self = shared_from_this()] {
       self->resume_posted_ = false;
-      if (!self->paused_ && !self->reading_) self->DeliverAndRead();
+      if (!self->paused_ && !self->delivering_ && self->DeliverAndFlush()) self->ReadAndDeliver();
     });
   }
 
+  // From the Poller, on the event loop.
+  void OnReady(uint32_t events) override {
+    if (handler_.closed()) return;
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) {
+      // Something new to read (or an error or end of stream, which a read reports).
+      drained_ = false;
+      // The peer's FIN (or an error) is queued behind the data: a short read no longer means
+      // the queue is empty, as the end of the stream is only reported by the read after it.
+      if (events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) peer_done_ = true;
+      if (!paused_ && !delivering_) ReadAndDeliver();
+    }
+    if (writing_ && !handler_.closed() && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+      WriteInflight();
+    }
+  }
+
  private:
+  // A growable byte buffer that, unlike std::vector, does not zero what it grows into (every
+  // byte is written by the message right after).
+  class SendBuffer {
+   public:
+    std::byte* Append(size_t n) {
+      if (size_ + n > cap_) Grow(size_ + n);
+      std::byte* at = data_.get() + size_;
+      size_ += n;
+      return at;
+    }
+    const std::byte* data() const { return data_.get(); }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    size_t capacity() const { return cap_; }
+    void clear() { size_ = 0; }
+    void Release() {
+      data_.reset();
+      size_ = cap_ = 0;
+    }
+    void swap(SendBuffer& o) noexcept {
+      std::swap(data_, o.data_);
+      std::swap(size_, o.size_);
+      std::swap(cap_, o.cap_);
+    }
+
+   private:
+    void Grow(size_t need) {
+      size_t cap = std::max<size_t>(cap_ * 2, 4096);
+      while (cap < need) cap *= 2;
+      auto next = std::make_unique_for_overwrite<std::byte[]>(cap);
+      if (size_) std::memcpy(next.get(), data_.get(), size_);
+      data_ = std::move(next);
+      cap_ = cap;
+    }
+    std::unique_ptr<std::byte[]> data_;
+    size_t size_ = 0, cap_ = 0;
+  };
+
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
-    boost::system::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
-    pending_ = {};
-    asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
+    // The poller's reference to us goes with the posted close, never inside our own call.
+    std::shared_ptr<Poller::Client> held;
+    if (registration_) held = Poller::For(executor_).Remove(registration_);
+    registration_ = nullptr;
+    if (fd_ >= 0) {
+      ::shutdown(fd_, SHUT_RDWR);
+      ::close(fd_);
+      fd_ = -1;
+    }
+    pending_.Release();
+    asio::post(executor_, [self = shared_from_this(), held = std::move(held)] {
+      self->handler_.DeliverClose();
+      self->work_ = Executor();
+    });
+  }
+
+  // Raw syscalls: glibc's recv/send wrappers are thread-cancellation points (~60 instructions
+  // each for nothing here), and Asio's add error_code handling on top.
+  static ssize_t RecvSome(int fd, std::byte* p, size_t n) {
+    return ::syscall(SYS_recvfrom, fd, p, n, 0, nullptr, nullptr);
+  }
+  static ssize_t SendSome(int fd, const std::byte* p, size_t n) {
+    return ::syscall(SYS_sendto, fd, p, n, MSG_NOSIGNAL, nullptr, 0);
   }
 
   void Flush() {
     if (handler_.closed() || writing_ || pending_.empty()) return;
-    // First a plain non-blocking write: the kernel usually takes the whole batch, and then no
-    // asynchronous operation is needed (no reactor registration, no completion handler, no extra
-    // event-loop turn: about a third of the event loop's work per call). What it does not take
-    // is written asynchronously.
-    boost::system::error_code ec;
-    size_t n = socket_.write_some(asio::buffer(pending_), ec);
-    // `ec &&` first: comparing error codes costs ~25 instructions each, and the write usually
-    // succeeds.
-    if (ec && (ec == asio::error::would_block || ec == asio::error::try_again)) {
+    // Usually the kernel takes the whole batch at once; what it does not take is written when
+    // the poller says the socket has room again.
+    ssize_t n;
+    do {
+      n = SendSome(fd_, pending_.data(), pending_.size());
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        CloseWith(std::string("write failed: ") + std::strerror(errno));
+        return;
+      }
       n = 0;
-      ec = {};
     }
-    if (ec) {
-      CloseWith("write failed: " + ec.message());
-      return;
-    }
-    if (n == pending_.size()) {
+    if (static_cast<size_t>(n) == pending_.size()) {
       pending_.clear();
-      if (pending_.capacity() > kShrinkAboveBytes) pending_ = {};
+      if (pending_.capacity() > kShrinkAboveBytes) pending_.Release();
       AfterWrite();
       return;
     }
     writing_ = true;
-    std::swap(pending_, inflight_);
-    asio::async_write(
-        socket_, asio::buffer(inflight_) + n,
-        [self = shared_from_this()](boost::system::error_code ec, size_t) { self->OnWritten(ec); });
+    pending_.swap(inflight_);
+    inflight_written_ = static_cast<size_t>(n);
   }
 
-  void OnWritten(boost::system::error_code ec) {
-    writing_ = false;
-    if (ec) {
-      CloseWith("write failed: " + ec.message());
-      return;
+  // The poller says there is room: write more of what the kernel did not take.
+  void WriteInflight() {
+    while (inflight_written_ < inflight_.size()) {
+      const ssize_t n =
+          SendSome(fd_, inflight_.data() + inflight_written_, inflight_.size() - inflight_written_);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // the next EPOLLOUT continues
+        CloseWith(std::string("write failed: ") + std::strerror(errno));
+        return;
+      }
+      inflight_written_ += static_cast<size_t>(n);
     }
+    writing_ = false;
     inflight_.clear();
-    if (inflight_.capacity() > kShrinkAboveBytes) inflight_ = {};
+    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.Release();
     if (AfterWrite()) Flush();
   }
 
@@ -218,40 +323,45 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     return true;
   }
 
-  void ReadMore() {
-    if (handler_.closed() || reading_) return;
-    reading_ = true;
-    auto room = reader_.Writable();
-    socket_.async_read_some(asio::buffer(room.data(), room.size()),
-                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                              self->OnRead(ec, n);
-                            });
-  }
-
-  void OnRead(boost::system::error_code ec, size_t n) {
-    reading_ = false;
-    if (handler_.closed()) return;
-    if (ec) {
-      CloseWith(ec == asio::error::eof ? "peer closed the connection"
-                                       : "read failed: " + ec.message());
-      return;
+  // Reads until the kernel has nothing more for us (a short read or EAGAIN: the edge-triggered
+  // poller reports whatever arrives after that), delivering each batch as it comes; stops when
+  // receiving is paused or the connection closes. A read that fills the room it had may have
+  // left more behind, so it reads again rather than wait for an event that will not come. (Not
+  // reading again after a short read saves a failing recv per message: a third of the syscalls
+  // of a small call's round trip.)
+  void ReadAndDeliver() {
+    while (!drained_ && !paused_ && !handler_.closed()) {
+      auto room = reader_.Writable();
+      const ssize_t n = RecvSome(fd_, room.data(), room.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          drained_ = true;
+          return;
+        }
+        CloseWith(std::string("read failed: ") + std::strerror(errno));
+        return;
+      }
+      if (n == 0) {
+        CloseWith("peer closed the connection");
+        return;
+      }
+      if (static_cast<size_t>(n) < room.size() && !peer_done_) drained_ = true;
+      reader_.Commit(static_cast<size_t>(n));
+      if (!DeliverAndFlush()) return;
     }
-    reader_.Commit(n);
-    DeliverAndRead();
   }
 
   // Delivers every complete message in the buffer, in place, then writes what the handler
-  // queued meanwhile and reads more; stops delivering (keeping the rest in the buffer) as soon as
-  // receiving is paused.
-  void DeliverAndRead() {
+  // queued meanwhile. False when delivery stopped early (paused, closed, a message over the
+  // limit): the rest stays in the buffer.
+  bool DeliverAndFlush() {
     delivering_ = true;
-    const bool read_more = DeliverAll();
+    const bool all = DeliverAll();
     delivering_ = false;
     if (!pending_.empty() && !flush_scheduled_) Flush();  // (does nothing once closed)
-    if (read_more) {
-      reader_.Settle(kShrinkAboveBytes);
-      ReadMore();
-    }
+    if (all) reader_.Settle(kShrinkAboveBytes);
+    return all && !handler_.closed();
   }
 
   // False when delivery stopped early: paused, closed or a message over the limit.
@@ -274,16 +384,21 @@ class TcpConnection final : public Connection, public std::enable_shared_from_th
     }
   }
 
-  tcp::socket socket_;
+  int fd_ = -1;
+  Poller::Registration* registration_ = nullptr;
   Executor executor_;
+  Executor work_;  // tracked (outstanding work) while the connection is open
   Options options_;
   std::string peer_;
   HandlerSlot handler_;
   StreamReassembler reader_;
-  std::vector<std::byte> pending_, inflight_;
-  bool writing_ = false, flush_scheduled_ = false;
-  bool delivering_ = false;  // inside DeliverAndRead: it flushes when it is done
-  bool reading_ = false;     // an async_read_some is outstanding
+  SendBuffer pending_, inflight_;
+  size_t inflight_written_ = 0;  // bytes of inflight_ the kernel has taken
+  bool writing_ = false;         // inflight_ waits for room in the socket
+  bool flush_scheduled_ = false;
+  bool delivering_ = false;  // inside DeliverAndFlush: it flushes when it is done
+  bool drained_ = false;     // the last read found the kernel's queue empty
+  bool peer_done_ = false;   // the peer closed its side or the socket failed: read to the end
   bool paused_ = false;      // PauseReceiving: deliver nothing, read nothing
   bool resume_posted_ = false;
   bool closing_ = false;  // CloseAfterSending: close once pending_ is written
