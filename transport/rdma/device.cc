@@ -5,13 +5,33 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <cstring>
 #include <map>
 
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
 
+// The completion channel's client at the thread's Poller. Holds the device weakly, so that the
+// device goes when its last connection does (the poller would otherwise keep it, its pinned
+// memory included, as long as the io_context lives).
+class ThreadDevice::Waker final : public Poller::Client {
+ public:
+  explicit Waker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
+  void OnReady(uint32_t) override {
+    if (auto d = device_.lock()) d->OnChannelReady();
+  }
+
+ private:
+  std::weak_ptr<ThreadDevice> device_;
+};
+
 ThreadDevice::~ThreadDevice() {
-  Detach();
+  if (!detached_ && registration_) {
+    // Dropped from a posted handler: this may run inside the Waker's own call.
+    std::shared_ptr<Poller::Client> held = Poller::For(ex_).Remove(registration_);
+    if (held) asio::post(ex_, [held = std::move(held)] {});
+  }
+  registration_ = nullptr;
   for (auto& slot : cqs_) {
     if (slot->unacked) ibv_ack_cq_events(slot->cq.get(), slot->unacked);
   }
@@ -116,9 +136,6 @@ Expected<void> ThreadDevice::Init() {
   if (!srq_) return Error{Errno("ibv_create_srq")};
   if (!PostReceives(srq_depth_)) return Error{Errno("ibv_post_srq_recv")};
   if (!SetNonBlocking(channel_->fd)) return Error{Errno("fcntl")};
-  boost::system::error_code ec;
-  fd_.assign(channel_->fd, ec);
-  if (ec) return Error{"assign completion fd: " + ec.message()};
   return {};
 }
 
@@ -155,20 +172,41 @@ void ThreadDevice::Arm() {
 }
 
 void ThreadDevice::Sleep() {
-  std::weak_ptr<ThreadDevice> weak = shared_from_this();
   mark_ = std::chrono::steady_clock::now();
-  fd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](boost::system::error_code ec) {
-    if (ec) return;
-    auto self = weak.lock();
-    if (!self) return;
-    Count(Stat::kRdmaWakeups);
-    self->CountTime(Stat::kRdmaSleepNanos, std::chrono::steady_clock::now());
-    self->TakeEventsAndRearm();
-    self->DrainEvented();
-  });
+  if (channel_ready_) {
+    // Events came while the thread was busy; the poller will not say so again. Take them now,
+    // from a handler of their own (Sleep may be inside a drain or spin step).
+    channel_ready_ = false;
+    std::weak_ptr<ThreadDevice> weak = shared_from_this();
+    asio::post(ex_, [weak] {
+      if (auto self = weak.lock()) {
+        self->TakeEventsAndRearm();
+        self->DrainEvented();
+      }
+    });
+    return;
+  }
+  // The registration with the poller is permanent: sleeping costs no system call, and the
+  // channel's next event wakes the thread through OnChannelReady.
+  sleeping_ = true;
+}
+
+void ThreadDevice::OnChannelReady() {
+  if (!sleeping_) {
+    channel_ready_ = true;
+    return;
+  }
+  sleeping_ = false;
+  channel_ready_ = false;
+  Count(Stat::kRdmaWakeups);
+  CountTime(Stat::kRdmaSleepNanos, std::chrono::steady_clock::now());
+  TakeEventsAndRearm();
+  DrainEvented();
 }
 
 void ThreadDevice::TakeEventsAndRearm() {
+  // What the poller reported so far is taken here; events after this are reported anew.
+  channel_ready_ = false;
   ibv_cq* cq;
   void* ctx;
   while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
@@ -312,6 +350,12 @@ Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ib
   if (auto d = slot.lock()) return d;
   auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, options));
   if (auto inited = d->Init(); !inited.ok()) return inited.error();
+  int error = 0;
+  d->registration_ =
+      Poller::For(ex).Add(d->channel_->fd, EPOLLIN, std::make_shared<Waker>(d), &error);
+  if (!d->registration_) {
+    return Error{std::string("watching the completion channel: ") + std::strerror(error)};
+  }
   slot = d;
   d->Arm();
   return d;

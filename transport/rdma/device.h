@@ -7,13 +7,13 @@
 // Nothing here takes a lock.
 #pragma once
 
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "transport/poller.h"
 #include "transport/rdma/tunables.h"
 #include "transport/rdma/verbs.h"
 #include "transport/stats.h"
@@ -30,7 +30,8 @@ class CompletionSink {
   ~CompletionSink() = default;
 };
 
-// Per I/O thread and device: the PD, one completion channel whose fd Asio waits on, one SRQ and
+// Per I/O thread and device: the PD, one completion channel whose fd the thread's Poller watches
+// (transport/poller.h: registered once, no system call per sleep), one SRQ and
 // one or more CQs. A CQ takes connections only while the worst case fits in it: every SRQ receive
 // completed into it plus every connection's send queue flushed into it at once. Past that a new
 // CQ is created on the same channel, so the number of connections is not bounded by max_cqe.
@@ -51,9 +52,11 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   ~ThreadDevice();
 
-  // Stops waiting on the completion fd; for when the io_context goes away first.
+  // Stops waiting on the completion fd; for when the io_context goes away first (its poller
+  // forgets the registration itself).
   void Detach() {
-    if (fd_.is_open()) fd_.release();
+    detached_ = true;
+    registration_ = nullptr;
   }
 
   ibv_pd* pd() const { return pd_.get(); }
@@ -104,7 +107,6 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   ThreadDevice(const Executor& ex, ibv_context* verbs, const Options& options)
       : ex_(ex),
         verbs_(verbs),
-        fd_(ex),
         busy_poll_(options.busy_poll),
         spin_window_(std::chrono::microseconds(std::max(0, options.poll_spin_us))) {}
 
@@ -119,6 +121,11 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
   void Sleep();
+  // The poller says the completion channel has events (edge-triggered: once per batch of new
+  // events). Wakes a sleeping thread; otherwise remembers it for the next Sleep, because the
+  // channel will not be reported again until more events come.
+  void OnChannelReady();
+  class Waker;
 
   // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
   // they are polled, so that a completion landing in between raises a new event. Marks them.
@@ -167,7 +174,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   uint32_t cqe_ = 0, srq_depth_ = 0;
   uint8_t rd_atom_ = 1;
   bool mw_type2_ = false;
-  boost::asio::posix::stream_descriptor fd_;
+  // The completion channel's registration with the thread's Poller (through a Waker, which
+  // holds this device weakly: the poller must not keep the device alive).
+  Poller::Registration* registration_ = nullptr;
+  bool detached_ = false;
+  bool sleeping_ = false;       // waiting for the channel: its next event wakes the thread
+  bool channel_ready_ = false;  // the channel reported events while the thread was not asleep
   bool busy_poll_;
   std::chrono::nanoseconds spin_window_;
   std::chrono::steady_clock::time_point spin_until_{};
