@@ -152,6 +152,9 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (slot.done) {
       status = std::move(slot.status);
       FreeSlot(index);
+      // The common case without the error path's renaming and interceptors (two Status moves
+      // and two calls, ~60 instructions per call).
+      if (status.ok() && !ic.list) co_return status;
       co_return Intercepted(method, ic, NameUnknownMethod(std::move(status), method));
     }
     if ((co_await asio::this_coro::cancellation_state).cancelled() !=

@@ -2,6 +2,8 @@
 // it -- events for registered descriptors from inside io_context::run(), removal at any moment
 // (also of another descriptor whose event is in the same batch), registrations that do not
 // keep run() going by themselves, and clients released when the io_context goes away.
+#include "transport/poller.h"
+
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,8 +13,6 @@
 #include <functional>
 #include <memory>
 #include <vector>
-
-#include "transport/poller.h"
 
 namespace rdmarpc::transport {
 namespace {

@@ -37,7 +37,8 @@ struct Poller::Registration {
 // so it is never completed, re-queued or re-armed. The Poller owns it; the reactor only ever
 // destroys it (at deregistration or shutdown), which must do nothing.
 struct Poller::Op final : asio::detail::reactor_op {
-  explicit Op(Poller* p) : reactor_op(boost::system::error_code(), &Perform, &Complete), poller(p) {}
+  explicit Op(Poller* p)
+      : reactor_op(boost::system::error_code(), &Perform, &Complete), poller(p) {}
   static status Perform(reactor_op* base) {
     static_cast<Op*>(base)->poller->Drain();
     return not_done;
