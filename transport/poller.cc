@@ -1,15 +1,14 @@
 #include "transport/poller.h"
 
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/asio/detail/epoll_reactor.hpp>
 #include <boost/asio/detail/reactor_op.hpp>
 #include <boost/asio/execution/context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/query.hpp>
 #include <boost/version.hpp>
 #include <cerrno>
-#include <system_error>
 
 // The detail API used below (epoll_reactor's internal descriptors, reactor_op) was read in this
 // version; another one must be checked before this is built against it.
@@ -24,94 +23,87 @@ using Reactor = asio::detail::epoll_reactor;
 
 boost::asio::execution_context::id Poller::id;
 
+// Queued on the descriptor's read side for good: the reactor performs it each time the
+// descriptor reports readable (or an error or hang-up), under that descriptor's lock, and it
+// never reports done, so it is never completed, re-queued or re-armed. The Registration owns
+// it; the reactor only ever destroys it (at deregistration or shutdown), which must do nothing.
+struct Poller::Op final : asio::detail::reactor_op {
+  explicit Op(Registration* r)
+      : reactor_op(boost::system::error_code(), &Perform, &Complete), registration(r) {}
+  static status Perform(reactor_op* base);
+  static void Complete(void*, asio::detail::operation*, const boost::system::error_code&,
+                       std::size_t) {}
+  Registration* registration;
+};
+
 struct Poller::Registration {
-  int fd = -1;
+  explicit Registration(int f) : fd(f), op(this) {}
+  int fd;
+  Reactor::per_descriptor_data data = nullptr;
   std::shared_ptr<Client> client;
+  Op op;
   Registration* prev = nullptr;
   Registration* next = nullptr;
   bool removed = false;
+  bool in_ready = false;  // inside client->OnReady: the reactor holds this descriptor's lock
 };
 
-// Queued on epfd_'s read side for good: the reactor performs it whenever epfd_ becomes
-// readable (under epfd_'s descriptor lock, which nothing else takes) and it never reports done,
-// so it is never completed, re-queued or re-armed. The Poller owns it; the reactor only ever
-// destroys it (at deregistration or shutdown), which must do nothing.
-struct Poller::Op final : asio::detail::reactor_op {
-  explicit Op(Poller* p)
-      : reactor_op(boost::system::error_code(), &Perform, &Complete), poller(p) {}
-  static status Perform(reactor_op* base) {
-    static_cast<Op*>(base)->poller->Drain();
-    return not_done;
-  }
-  static void Complete(void*, asio::detail::operation*, const boost::system::error_code&,
-                       std::size_t) {}
-  Poller* poller;
-};
+Poller::Op::status Poller::Op::Perform(reactor_op* base) {
+  Registration* r = static_cast<Op*>(base)->registration;
+  if (r->removed) return not_done;
+  r->in_ready = true;
+  // Reset even if the client throws (it then leaves io_context::run(), as a handler would).
+  struct Reset {
+    Registration* r;
+    ~Reset() { r->in_ready = false; }
+  } reset{r};
+  // The client stays alive through its own call: Remove hands its reference to the caller.
+  r->client->OnReady();
+  return not_done;
+}
 
 Poller::Poller(asio::execution_context& context) : asio::execution_context::service(context) {
-  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  if (epfd_ < 0) {
-    throw std::system_error(errno, std::generic_category(), "epoll_create1 for the poller");
-  }
   Reactor& reactor = asio::use_service<Reactor>(context);
   reactor_ = &reactor;
-  op_ = std::make_unique<Op>(this);
-  Reactor::per_descriptor_data data = nullptr;
-  if (int e = reactor.register_internal_descriptor(Reactor::read_op, epfd_, data, op_.get())) {
-    reactor.cleanup_descriptor_data(data);
-    ::close(epfd_);
-    throw std::system_error(e, std::generic_category(), "registering the poller");
-  }
-  reactor_data_ = data;
   // Make sure the io_context runs the reactor at all (its I/O object services do this; a
-  // context whose first I/O is ours would otherwise never look at epfd_).
+  // context whose first I/O is ours would otherwise never look at our descriptors).
   reactor.init_task();
 }
 
-Poller::~Poller() {
-  shutdown();
-  if (epfd_ >= 0) ::close(epfd_);
-}
+Poller::~Poller() { shutdown(); }
 
 void Poller::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  auto* reactor = static_cast<Reactor*>(reactor_);
-  auto data = static_cast<Reactor::per_descriptor_data>(reactor_data_);
-  reactor->deregister_internal_descriptor(epfd_, data);
-  reactor->cleanup_descriptor_data(data);
-  reactor_data_ = nullptr;
-  // Drop the clients (their descriptors close with them); the io_context is going away.
-  for (Registration* lists : {live_, removed_}) {
-    for (Registration* r = lists; r;) {
-      Registration* next = r->next;
-      delete r;
-      r = next;
-    }
+  // Before the reactor's own shutdown (it was made first, so it goes last), which would
+  // otherwise still hold our operations. The clients go too (their descriptors closed here).
+  while (Registration* r = live_) {
+    if (r->client) r->client->OnPollerGone();
+    Deregister(r);
   }
-  live_ = removed_ = nullptr;
 }
 
 Poller& Poller::For(const Executor& executor) {
-  return asio::use_service<Poller>(asio::query(executor, asio::execution::context));
+  Poller& p = asio::use_service<Poller>(asio::query(executor, asio::execution::context));
+  if (!p.executor_) p.executor_ = executor;
+  return p;
 }
 
-Poller::Registration* Poller::Add(int fd, uint32_t events, std::shared_ptr<Client> client,
-                                  int* error) {
+Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* error) {
   if (shut_down_) {
+    ::close(fd);
     *error = ESHUTDOWN;
     return nullptr;
   }
-  auto* r = new Registration;
-  epoll_event ev{};
-  ev.events = events | EPOLLET;
-  ev.data.ptr = r;
-  if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-    *error = errno;
-    delete r;
+  auto* r = new Registration(fd);
+  auto* reactor = static_cast<Reactor*>(reactor_);
+  if (int e = reactor->register_internal_descriptor(Reactor::read_op, fd, r->data, &r->op)) {
+    reactor->cleanup_descriptor_data(r->data);
+    delete r;  // (the op was queued on a state that is freed: nothing refers to it)
+    ::close(fd);
+    *error = e;
     return nullptr;
   }
-  r->fd = fd;
   r->client = std::move(client);
   r->next = live_;
   if (live_) live_->prev = r;
@@ -120,56 +112,29 @@ Poller::Registration* Poller::Add(int fd, uint32_t events, std::shared_ptr<Clien
 }
 
 std::shared_ptr<Poller::Client> Poller::Remove(Registration* r) {
-  if (shut_down_ || r == nullptr) return nullptr;
-  epoll_event ev{};
-  ::epoll_ctl(epfd_, EPOLL_CTL_DEL, r->fd, &ev);
-  if (r->prev) r->prev->next = r->next;
-  if (r->next) r->next->prev = r->prev;
-  if (live_ == r) live_ = r->next;
+  if (shut_down_ || r == nullptr || r->removed) return nullptr;
+  r->removed = true;
   std::shared_ptr<Client> client = std::move(r->client);
-  if (draining_) {
-    // Events for it may still be in the batch being handed out: free it after the batch.
-    r->removed = true;
-    r->prev = nullptr;
-    r->next = removed_;
-    removed_ = r;
+  if (!r->in_ready) {
+    Deregister(r);
   } else {
-    delete r;
+    // Deregistering takes the descriptor's lock, which the reactor holds around OnReady.
+    asio::post(executor_, [this, r] {
+      if (!shut_down_) Deregister(r);
+    });
   }
   return client;
 }
 
-void Poller::Drain() {
-  constexpr int kBatch = 64;
-  epoll_event events[kBatch];
-  draining_ = true;
-  // Also when a client throws (it then leaves io_context::run(), as a handler's exception does).
-  struct EndBatch {
-    Poller* p;
-    ~EndBatch() {
-      p->draining_ = false;
-      while (Registration* r = p->removed_) {
-        p->removed_ = r->next;
-        delete r;
-      }
-    }
-  } end_batch{this};
-  for (;;) {
-    // syscall() rather than epoll_wait(): glibc's wrapper is a thread-cancellation point and
-    // costs ~120 instructions more; nothing here is ever cancelled that way.
-    const long n = ::syscall(SYS_epoll_wait, epfd_, events, kBatch, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    for (long i = 0; i < n; ++i) {
-      auto* r = static_cast<Registration*>(events[i].data.ptr);
-      if (r->removed) continue;
-      // The client stays alive through its own call: Remove hands its reference to the caller.
-      r->client->OnReady(events[i].events);
-    }
-    // A short batch emptied the ready list; what becomes ready from now on wakes the reactor
-    // again (epfd_ is edge-triggered there).
-    if (n < kBatch) break;
-  }
+void Poller::Deregister(Registration* r) {
+  auto* reactor = static_cast<Reactor*>(reactor_);
+  reactor->deregister_internal_descriptor(r->fd, r->data);
+  reactor->cleanup_descriptor_data(r->data);
+  ::close(r->fd);
+  if (r->prev) r->prev->next = r->next;
+  if (r->next) r->next->prev = r->prev;
+  if (live_ == r) live_ = r->next;
+  delete r;
 }
 
 }  // namespace rdmarpc::transport

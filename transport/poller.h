@@ -1,28 +1,25 @@
-// Internal to the transport layer: readiness events for descriptors that a transport reads and
-// writes itself (raw non-blocking syscalls), delivered on the descriptor's event loop.
+// Internal to the transport layer: readiness events for descriptors that a transport reads
+// itself (raw non-blocking syscalls), delivered on the descriptor's event loop.
 //
-// Why not an Asio socket: every async_read_some costs an operation, a speculative recv that
-// fails with EAGAIN when the peer has not answered yet, the reactor's per-descriptor lock twice,
-// and a trip through the scheduler's locked queue -- about 1,400 instructions and one wasted
-// syscall per message received, a third of a small call. Here each descriptor is registered
-// once, edge-triggered, in an epoll set of our own per io_context; that set is itself one
-// descriptor in the io_context's reactor, registered as an internal descriptor whose operation
-// never completes, so a wake-up costs the reactor's epoll_wait, one epoll_wait of ours and then
-// the reads themselves, and nothing is re-armed.
+// Why not an Asio socket: every async_read_some costs an operation, a speculative recv, the
+// reactor's per-descriptor lock twice and a trip through the scheduler's locked queue -- about
+// 1,400 instructions per message received, a third of a small call. Here a descriptor is
+// registered once in the io_context's own reactor, edge-triggered, as an "internal descriptor"
+// whose read operation never completes: when it becomes readable the reactor calls us straight
+// from its processing of the event, with nothing queued, allocated or re-armed. (An epoll set of
+// our own nested in the reactor's did the same with one registration per thread, but cost an
+// extra epoll_wait on the path from a message's arrival to its handler: 10% more latency.)
 //
 // The price: it uses Asio's detail API (epoll_reactor, reactor_op), checked against the Boost
-// version this project builds with (Debian 12's 1.81), and handlers run inside the reactor's
-// processing of our descriptor (with its lock held, which only this class ever takes).
+// version this project builds with (Debian 12's 1.81), and clients run inside the reactor's
+// processing of their own descriptor, with that descriptor's lock held; hence Remove's rules.
 //
 // Threading: a Poller belongs to one io_context (an Asio service); Add, Remove and the events
 // happen on that io_context's thread, which must be a single thread (as for every transport
 // connection, transport.h).
 #pragma once
 
-#include <sys/epoll.h>
-
 #include <boost/asio/execution_context.hpp>
-#include <cstdint>
 #include <memory>
 
 #include "transport/transport.h"
@@ -34,9 +31,13 @@ class Poller final : public boost::asio::execution_context::service {
   // What a registered descriptor's owner implements.
   class Client {
    public:
-    // `events`: EPOLLIN, EPOLLOUT, EPOLLERR, EPOLLHUP as epoll reported them. Edge-triggered:
-    // read (or write) until EAGAIN, or until a short read/write says the kernel has no more.
-    virtual void OnReady(uint32_t events) = 0;
+    // The descriptor became readable, or failed or hung up (which a read reports). Edge-
+    // triggered: read until EAGAIN (or end of stream); nothing more is reported until new data
+    // arrives after that. Writability is not watched: wait for it some other way (it is rare).
+    virtual void OnReady() = 0;
+    // The io_context is going away: the poller closes the descriptor and drops the client
+    // right after this. Forget both (the number may be reused at once).
+    virtual void OnPollerGone() {}
 
    protected:
     ~Client() = default;
@@ -50,30 +51,29 @@ class Poller final : public boost::asio::execution_context::service {
   Poller(const Poller&) = delete;
   Poller& operator=(const Poller&) = delete;
 
-  // The poller of `executor`'s io_context (made on first use).
+  // The poller of `executor`'s io_context (made on first use; `executor` is kept for the
+  // poller's own posted work).
   static Poller& For(const Executor& executor);
 
-  // Registers `fd` for `events` (edge-triggered is added). The poller keeps `client` alive until
-  // Remove, or until the io_context shuts down. Events already pending are reported at once
-  // (from the event loop, never from inside Add). Null, with *error = errno, on failure.
-  Registration* Add(int fd, uint32_t events, std::shared_ptr<Client> client, int* error);
+  // Watches `fd` and takes it over: the poller closes it once it is removed (only then, so that
+  // the number cannot be reused while the reactor still knows it). Keeps `client` alive until
+  // Remove or the io_context's shutdown. Data already pending is reported from the event loop,
+  // never from inside Add. Null, with *error = errno, on failure (fd is then closed too).
+  Registration* Add(int fd, std::shared_ptr<Client> client, int* error);
   // Stops events for `r` at once and hands back the client reference the poller held: the
-  // caller decides when it may be dropped (never inside the client's own method). `r` is
-  // invalid afterwards. Does nothing after the io_context's shutdown.
+  // caller decides when to drop it (never inside the client's own OnReady). The descriptor is
+  // closed now, or, when called from inside `r`'s own OnReady (whose reactor lock is held),
+  // from a posted handler. `r` is invalid afterwards. After the io_context's shutdown: nothing.
   std::shared_ptr<Client> Remove(Registration* r);
 
  private:
   struct Op;
   void shutdown() override;
-  void Drain();
+  void Deregister(Registration* r);  // and close its fd, and free it
 
-  int epfd_ = -1;
-  void* reactor_ = nullptr;          // boost::asio::detail::epoll_reactor
-  void* reactor_data_ = nullptr;     // its per-descriptor state for epfd_
-  std::unique_ptr<Op> op_;           // the never-completing operation that calls Drain
-  Registration* live_ = nullptr;     // registered, not removed
-  Registration* removed_ = nullptr;  // removed during a Drain: freed at its end
-  bool draining_ = false;
+  void* reactor_ = nullptr;  // boost::asio::detail::epoll_reactor
+  Executor executor_;
+  Registration* live_ = nullptr;  // registered (removed ones included until deregistered)
   bool shut_down_ = false;
 };
 

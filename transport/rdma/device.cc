@@ -1,5 +1,6 @@
 #include "transport/rdma/device.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
@@ -17,8 +18,11 @@ namespace asio = boost::asio;
 class ThreadDevice::Waker final : public Poller::Client {
  public:
   explicit Waker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
-  void OnReady(uint32_t) override {
+  void OnReady() override {
     if (auto d = device_.lock()) d->OnChannelReady();
+  }
+  void OnPollerGone() override {
+    if (auto d = device_.lock()) d->Detach();
   }
 
  private:
@@ -350,9 +354,15 @@ Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ib
   if (auto d = slot.lock()) return d;
   auto d = std::shared_ptr<ThreadDevice>(new ThreadDevice(ex, verbs, options));
   if (auto inited = d->Init(); !inited.ok()) return inited.error();
+  // The poller gets a duplicate of the channel's descriptor, which it closes itself once it has
+  // let go of it (possibly after the channel is destroyed).
   int error = 0;
-  d->registration_ =
-      Poller::For(ex).Add(d->channel_->fd, EPOLLIN, std::make_shared<Waker>(d), &error);
+  const int fd = ::fcntl(d->channel_->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd >= 0) {
+    d->registration_ = Poller::For(ex).Add(fd, std::make_shared<Waker>(d), &error);
+  } else {
+    error = errno;
+  }
   if (!d->registration_) {
     return Error{std::string("watching the completion channel: ") + std::strerror(error)};
   }

@@ -121,9 +121,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Waits for the completion channel. Every CQ is armed (ibv_req_notify_cq) while this waits.
   void Sleep();
-  // The poller says the completion channel has events (edge-triggered: once per batch of new
-  // events). Wakes a sleeping thread; otherwise remembers it for the next Sleep, because the
-  // channel will not be reported again until more events come.
+  // The poller says the completion channel has events (edge-triggered: once per new event). Wakes a
+  // sleeping thread; otherwise remembers it for the next Sleep, because the channel will not be
+  // reported again until more events come.
   void OnChannelReady();
   class Waker;
 

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/read.hpp>
@@ -39,6 +39,8 @@ namespace {
 constexpr size_t kInitialReadBufferBytes = 64 * 1024;
 // Buffers that grew for a large message shrink back once idle, so idle connections stay small.
 constexpr size_t kShrinkAboveBytes = 1 << 20;
+// Reads one connection makes per event-loop turn before it lets the others on its thread run.
+constexpr int kReadsPerTurn = 16;
 
 void StoreLe32(std::byte* p, uint32_t v) {
   v = htole32(v);
@@ -96,7 +98,9 @@ class TcpConnection final : public Connection,
     Count(Stat::kTcpConnectionsOpened);
   }
   ~TcpConnection() override {
-    if (fd_ >= 0) ::close(fd_);
+    // Once registered, the descriptor is the poller's (which closes it when it drops us, if the
+    // io_context goes away before we closed).
+    if (fd_ >= 0 && registration_ == nullptr) ::close(fd_);
     Count(Stat::kTcpConnectionsClosed);
   }
 
@@ -119,11 +123,13 @@ class TcpConnection final : public Connection,
     // Asio operation would (Poller registrations are not work of their own).
     work_ = asio::prefer(executor_, asio::execution::outstanding_work.tracked);
     int error = 0;
-    // Data that arrived before this is reported at once (edge-triggered registration reports
-    // what is already pending), from the event loop.
-    registration_ = Poller::For(executor_).Add(fd_, EPOLLIN | EPOLLOUT | EPOLLRDHUP,
-                                               shared_from_this(), &error);
-    if (!registration_) CloseWith(std::string("cannot watch the socket: ") + std::strerror(error));
+    // From here on the poller owns the descriptor (it closes it when we are removed). Data that
+    // arrived before this is reported at once, from the event loop.
+    registration_ = Poller::For(executor_).Add(fd_, shared_from_this(), &error);
+    if (!registration_) {
+      fd_ = -1;  // closed by Add
+      CloseWith(std::string("cannot watch the socket: ") + std::strerror(error));
+    }
   }
 
   bool Send(const MessageWriter& message) override {
@@ -185,20 +191,17 @@ class TcpConnection final : public Connection,
     });
   }
 
-  // From the Poller, on the event loop.
-  void OnReady(uint32_t events) override {
+  void OnPollerGone() override {
+    registration_ = nullptr;
+    fd_ = -1;  // closed by the poller
+  }
+
+  // From the Poller, on the event loop (inside the reactor's processing of our descriptor):
+  // new data, the end of the stream or an error.
+  void OnReady() override {
     if (handler_.closed()) return;
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP)) {
-      // Something new to read (or an error or end of stream, which a read reports).
-      drained_ = false;
-      // The peer's FIN (or an error) is queued behind the data: a short read no longer means
-      // the queue is empty, as the end of the stream is only reported by the read after it.
-      if (events & (EPOLLRDHUP | EPOLLERR | EPOLLHUP)) peer_done_ = true;
-      if (!paused_ && !delivering_) ReadAndDeliver();
-    }
-    if (writing_ && !handler_.closed() && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
-      WriteInflight();
-    }
+    drained_ = false;
+    if (!paused_ && !delivering_ && !read_posted_) ReadAndDeliver();
   }
 
  private:
@@ -242,13 +245,21 @@ class TcpConnection final : public Connection,
 
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
+    if (write_waiter_) {
+      boost::system::error_code ec;
+      write_waiter_->close(ec);  // its wait ends with operation_aborted
+      write_waiter_.reset();
+    }
     // The poller's reference to us goes with the posted close, never inside our own call.
     std::shared_ptr<Poller::Client> held;
-    if (registration_) held = Poller::For(executor_).Remove(registration_);
-    registration_ = nullptr;
     if (fd_ >= 0) {
-      ::shutdown(fd_, SHUT_RDWR);
-      ::close(fd_);
+      ::shutdown(fd_, SHUT_RDWR);  // the peer learns at once, whenever the descriptor closes
+      if (registration_) {
+        held = Poller::For(executor_).Remove(registration_);  // closes fd_
+      } else {
+        ::close(fd_);
+      }
+      registration_ = nullptr;
       fd_ = -1;
     }
     pending_.Release();
@@ -291,22 +302,53 @@ class TcpConnection final : public Connection,
     writing_ = true;
     pending_.swap(inflight_);
     inflight_written_ = static_cast<size_t>(n);
+    WaitWritable();
   }
 
-  // The poller says there is room: write more of what the kernel did not take.
+  // The kernel's send buffer is full (rare: a large message, or a peer that does not read):
+  // waits for room through an Asio wait on a duplicate of the descriptor, made for the
+  // occasion and closed once everything is written (the poller watches reads only).
+  void WaitWritable() {
+    if (!write_waiter_) {
+      const int dup_fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+      boost::system::error_code ec;
+      if (dup_fd >= 0) {
+        write_waiter_ = std::make_unique<asio::posix::stream_descriptor>(executor_);
+        write_waiter_->assign(dup_fd, ec);
+        if (ec) ::close(dup_fd);
+      }
+      if (dup_fd < 0 || ec) {
+        write_waiter_.reset();
+        CloseWith(std::string("cannot wait to write: ") +
+                  (dup_fd < 0 ? std::strerror(errno) : ec.message()));
+        return;
+      }
+    }
+    write_waiter_->async_wait(asio::posix::stream_descriptor::wait_write,
+                              [self = shared_from_this()](boost::system::error_code ec) {
+                                if (ec || self->handler_.closed()) return;
+                                self->WriteInflight();
+                              });
+  }
+
+  // The socket has room again (WaitWritable): write more of what the kernel did not take.
   void WriteInflight() {
     while (inflight_written_ < inflight_.size()) {
       const ssize_t n =
           SendSome(fd_, inflight_.data() + inflight_written_, inflight_.size() - inflight_written_);
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // the next EPOLLOUT continues
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          WaitWritable();
+          return;
+        }
         CloseWith(std::string("write failed: ") + std::strerror(errno));
         return;
       }
       inflight_written_ += static_cast<size_t>(n);
     }
     writing_ = false;
+    write_waiter_.reset();  // (inside its own handler is fine: the wait is over)
     inflight_.clear();
     if (inflight_.capacity() > kShrinkAboveBytes) inflight_.Release();
     if (AfterWrite()) Flush();
@@ -323,14 +365,21 @@ class TcpConnection final : public Connection,
     return true;
   }
 
-  // Reads until the kernel has nothing more for us (a short read or EAGAIN: the edge-triggered
-  // poller reports whatever arrives after that), delivering each batch as it comes; stops when
-  // receiving is paused or the connection closes. A read that fills the room it had may have
-  // left more behind, so it reads again rather than wait for an event that will not come. (Not
-  // reading again after a short read saves a failing recv per message: a third of the syscalls
-  // of a small call's round trip.)
+  // Reads until the kernel has nothing more for us (EAGAIN: the edge-triggered poller reports
+  // whatever arrives after that), delivering each batch as it comes; stops when receiving is
+  // paused or the connection closes. The read that finds nothing comes after the replies a
+  // batch produced were written, so it is not on a call's path. A connection whose peer keeps
+  // it busy yields to the others on its thread after kReadsPerTurn reads.
   void ReadAndDeliver() {
-    while (!drained_ && !paused_ && !handler_.closed()) {
+    for (int reads = 0; !drained_ && !paused_ && !handler_.closed(); ++reads) {
+      if (reads == kReadsPerTurn) {
+        read_posted_ = true;
+        asio::post(executor_, [self = shared_from_this()] {
+          self->read_posted_ = false;
+          if (!self->delivering_) self->ReadAndDeliver();
+        });
+        return;
+      }
       auto room = reader_.Writable();
       const ssize_t n = RecvSome(fd_, room.data(), room.size());
       if (n < 0) {
@@ -346,7 +395,6 @@ class TcpConnection final : public Connection,
         CloseWith("peer closed the connection");
         return;
       }
-      if (static_cast<size_t>(n) < room.size() && !peer_done_) drained_ = true;
       reader_.Commit(static_cast<size_t>(n));
       if (!DeliverAndFlush()) return;
     }
@@ -396,10 +444,12 @@ class TcpConnection final : public Connection,
   size_t inflight_written_ = 0;  // bytes of inflight_ the kernel has taken
   bool writing_ = false;         // inflight_ waits for room in the socket
   bool flush_scheduled_ = false;
-  bool delivering_ = false;  // inside DeliverAndFlush: it flushes when it is done
-  bool drained_ = false;     // the last read found the kernel's queue empty
-  bool peer_done_ = false;   // the peer closed its side or the socket failed: read to the end
-  bool paused_ = false;      // PauseReceiving: deliver nothing, read nothing
+  bool delivering_ = false;   // inside DeliverAndFlush: it flushes when it is done
+  bool drained_ = false;      // the last read found the kernel's queue empty (EAGAIN)
+  bool read_posted_ = false;  // ReadAndDeliver yielded its turn and continues from a handler
+  // Only while the kernel's send buffer is full (WaitWritable).
+  std::unique_ptr<asio::posix::stream_descriptor> write_waiter_;
+  bool paused_ = false;  // PauseReceiving: deliver nothing, read nothing
   bool resume_posted_ = false;
   bool closing_ = false;  // CloseAfterSending: close once pending_ is written
 };
