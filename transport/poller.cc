@@ -98,8 +98,12 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
   auto* r = new Registration(fd);
   auto* reactor = static_cast<Reactor*>(reactor_);
   if (int e = reactor->register_internal_descriptor(Reactor::read_op, fd, r->data, &r->op)) {
+    // The op was queued on the state before epoll_ctl failed: take it off (deregistering does,
+    // destroying it, which does nothing) before the state goes back to the reactor's pool and
+    // the op's memory is freed.
+    reactor->deregister_internal_descriptor(fd, r->data);
     reactor->cleanup_descriptor_data(r->data);
-    delete r;  // (the op was queued on a state that is freed: nothing refers to it)
+    delete r;
     ::close(fd);
     *error = e;
     return nullptr;
