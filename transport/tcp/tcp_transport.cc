@@ -39,8 +39,6 @@ namespace {
 constexpr size_t kInitialReadBufferBytes = 64 * 1024;
 // Buffers that grew for a large message shrink back once idle, so idle connections stay small.
 constexpr size_t kShrinkAboveBytes = 1 << 20;
-// Reads one connection makes per event-loop turn before it lets the others on its thread run.
-constexpr int kReadsPerTurn = 16;
 
 void StoreLe32(std::byte* p, uint32_t v) {
   v = htole32(v);
@@ -367,19 +365,15 @@ class TcpConnection final : public Connection,
 
   // Reads until the kernel has nothing more for us (EAGAIN: the edge-triggered poller reports
   // whatever arrives after that), delivering each batch as it comes; stops when receiving is
-  // paused or the connection closes. The read that finds nothing comes after the replies a
-  // batch produced were written, so it is not on a call's path. A connection whose peer keeps
-  // it busy yields to the others on its thread after kReadsPerTurn reads.
+  // paused or the connection closes. After a short read the next read usually finds nothing,
+  // and it comes after the batch's replies were written, so it is not on a call's path. After
+  // a read that filled all the room it had, more is probably waiting: the rest is read from a
+  // posted handler, so that what this batch woke runs first -- a stream's reader returning
+  // window credit, other connections of the thread. (Reading on at once starved a server
+  // stream's reader: its credit went back only once the socket was empty, and 64 KiB messages
+  // crawled at a tenth of their speed, stop-and-wait.)
   void ReadAndDeliver() {
-    for (int reads = 0; !drained_ && !paused_ && !handler_.closed(); ++reads) {
-      if (reads == kReadsPerTurn) {
-        read_posted_ = true;
-        asio::post(executor_, [self = shared_from_this()] {
-          self->read_posted_ = false;
-          if (!self->delivering_) self->ReadAndDeliver();
-        });
-        return;
-      }
+    while (!drained_ && !paused_ && !handler_.closed()) {
       auto room = reader_.Writable();
       const ssize_t n = RecvSome(fd_, room.data(), room.size());
       if (n < 0) {
@@ -397,6 +391,14 @@ class TcpConnection final : public Connection,
       }
       reader_.Commit(static_cast<size_t>(n));
       if (!DeliverAndFlush()) return;
+      if (static_cast<size_t>(n) == room.size()) {
+        read_posted_ = true;
+        asio::post(executor_, [self = shared_from_this()] {
+          self->read_posted_ = false;
+          if (!self->delivering_) self->ReadAndDeliver();
+        });
+        return;
+      }
     }
   }
 
@@ -446,7 +448,7 @@ class TcpConnection final : public Connection,
   bool flush_scheduled_ = false;
   bool delivering_ = false;   // inside DeliverAndFlush: it flushes when it is done
   bool drained_ = false;      // the last read found the kernel's queue empty (EAGAIN)
-  bool read_posted_ = false;  // ReadAndDeliver yielded its turn and continues from a handler
+  bool read_posted_ = false;  // ReadAndDeliver continues from a posted handler
   // Only while the kernel's send buffer is full (WaitWritable).
   std::unique_ptr<asio::posix::stream_descriptor> write_waiter_;
   bool paused_ = false;  // PauseReceiving: deliver nothing, read nothing
