@@ -16,9 +16,11 @@ METRICS_HISTORY = (
     "method: callgrind +386 client / +350 server instructions per call (1.053 / 1.049), depth-32 "
     "calls/s 0.934, depth-1 p50 1.000; 2026-12-02 on 76903b1, after the binding (`ForMethod`: "
     "each method's counters found once, not by name per call): +278 / +231 (1.038 / 1.037), "
-    "depth-32 calls/s 0.964, depth-1 p50 1.000. Since then the call itself got cheaper (the "
-    "afternoon's cuts, see \"CPU cost per call\"), so the same absolute cost of counting is a "
-    "larger share of a call.")
+    "depth-32 calls/s 0.964, depth-1 p50 1.000; 2026-12-02 afternoon, after that day's first "
+    "cuts to the call: +269 / +227 (1.067 / 1.049), depth-32 calls/s 0.932, depth-1 p50 1.072. "
+    "Since then the call itself got cheaper again (see \"CPU cost per call\"), so the same "
+    "absolute cost of counting is a larger share of a call; the client's also grew by ~80 "
+    "because a call without interceptors now skips the interceptor path's Status handling.")
 
 # How the CPU cost per call came down, step by step (measured side by side; see the commits).
 CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls\' jobs (request, reply, context) are reused per thread instead of allocated per call (same command, `callgrind_pair` in tools/bench/lib.sh): server 7,156 -> 6,296 over tcp:// (malloc/free and the job\'s construction: -860), client unchanged (7,274 -> 7,288); then TCP\'s send stopped comparing a successful write\'s error code with "would block" (two error_code compares, ~60 instructions per send): server 6,235, client 7,211; then a call admitted at once sends its request from a plain function instead of a second coroutine (frame, entry and exit): client 7,000. The day\'s changes as an A/B over TCP on loopback, `tools/bench/ab.sh a548efb 5` (2026-12-02, this machine; B = bc79529, the same code as 4b02f8b): depth-32 calls/s +4%, depth-1 latency unchanged (the kernel\'s loopback dominates it), instructions per call -3% client, -13% server:',
@@ -47,7 +49,23 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '| instructions per call, client | 6972 | 4086 | 0.59 | | | |',
     '| instructions per call, server | 6265 | 4678 | 0.75 | | | |',
     '',
-    "Over rdma:// in the VM, ab97bc4's bench binary and 3447ed4's side by side in one boot (each side under callgrind for 200 and 1,200 calls in events mode, as `tools/bench/vm_bench.sh` does; run by hand with `tools/vm/rxe_vm.sh --mem 4G`, 2026-12-02): client 8,039 -> 5,558, server 6,538 -> 5,903. The server gains less than over TCP: the TCP-only part (no flush turn of its own) does not apply to RDMA, which posts each send at once."]
+    "Over rdma:// in the VM, ab97bc4's bench binary and 3447ed4's side by side in one boot (each side under callgrind for 200 and 1,200 calls in events mode, as `tools/bench/vm_bench.sh` does; run by hand with `tools/vm/rxe_vm.sh --mem 4G`, 2026-12-02): client 8,039 -> 5,558, server 6,538 -> 5,903. The server gains less than over TCP: the TCP-only part (no flush turn of its own) does not apply to RDMA, which posts each send at once.",
+    '',
+    'A third round the same evening (2026-12-02), measured with `callgrind_pair` after each step: the server\'s calls moved less between the connection and the job (0bc63f2: server 4,675 -> 4,459); TCP connections read and write with raw syscalls and are watched by `transport/poller.h` -- each socket registered once in the io_context\'s reactor with an operation that never completes, so no Asio operation, speculative recv, per-descriptor locking or scheduler trip per message (266899b, 7ebfa71: server 4,459 -> 3,604, client 4,028 -> 3,158); two small cuts (98c8c71: a runner resets its cancellation state only after a cancelled call; a successful call skips the error path\'s renaming). A first version of the poller nested an epoll set of its own in the reactor\'s: fewer instructions, but one more epoll_wait between a message\'s arrival and its handler, and the timed A/B showed it (depth-1 p50 33.5 -> 37.6 us); the version that landed has nothing extra on that path. `tools/bench/ab.sh 80a1b4a 5` on the final code (2026-12-02, this machine):',
+    '',
+    'A = 80a1b4a, B = working tree (7ebfa71 + the failed-registration fix); 5 rounds, medians',
+    '',
+    '| case | A p50 us | B p50 us | B/A | A calls/s | B calls/s | B/A |',
+    '| --- | --- | --- | --- | --- | --- | --- |',
+    '| 64 B, depth 1 | 33.0 | 33.0 | 1.00 | 27111 | 27236 | 1.00 |',
+    '| 64 B, depth 32 | 50.9 | 54.5 | 1.07 | 563354 | 524012 | 0.93 |',
+    '| 1048576 B, depth 1 | 954.4 | 831.5 | 0.87 | 1012 | 1130 | 1.12 |',
+    '| instructions per call, client | 4033 | 3157 | 0.78 | | | |',
+    '| instructions per call, server | 4674 | 3605 | 0.77 | | | |',
+    '',
+    'So 22-23% fewer instructions per call buy no measurable latency at depth 1 (the kernel\'s loopback and wake-ups dominate it), 12% more 1 MiB calls/s, and at depth 32 a median 7% fewer calls/s in this run (not a clear loss: the full run below, the same hour, measured 564,827 calls/s at depth 32 against 562,118 in the previous full run, and the same binary spread over 406-578 k calls/s in the metrics rounds). Over rdma:// in the VM, 80a1b4a\'s bench binary and the final one side by side in one boot (callgrind, 200 and 1,200 calls, events mode; the completion channel now also sits on the poller, 0a932c3): client 5,655 -> 5,090, server 5,888 -> 5,249.',
+    '',
+    'The stream rows of the 2026-12-02 evening run (on 7ebfa71 + the failed-registration fix: TCP 64 KiB at 4,777 messages/s, 0.14x gRPC) were measured on a version of the poller that read a socket to EAGAIN in one go: a server stream\'s reader got to return window credit only once the socket was empty, and 64 KiB messages went stop-and-wait. Fixed right after (a read that fills its buffer continues from a posted handler, so that what it woke runs first); by hand, `rdmarpc_bench --stream --response-bytes 65536 --duration 2` against its own server, two rounds each: 80a1b4a 21,668 and 41,765 messages/s, the fix 42,263 and 44,832; 64 B: 3.67 M and 3.51 M against 3.57 M and 3.63 M. The next full run shows it in the table.']
 
 
 
@@ -225,14 +243,20 @@ def main():
       "when it ends), the out-of-line string moves of every Status, the wrapper coroutine "
       "around each handler, an allocation per suspension (type-erased completion handlers) and "
       "the second coroutine frame per client call that sent one frame to malloc every call "
-      "(2026-12-02 afternoon; client 6,939 -> 4,088, server 6,266 -> 4,678). What is left, "
-      "from the profiles below: Asio's reactor and scheduler (a mutex locked per operation even "
-      "with `io_context(1)`, epoll_wait, the reactor's per-descriptor lock), glibc's "
-      "cancellation-point wrappers around each recv/send (~120 per call), protobuf parsing and "
-      "serialization (~500 per side), the coroutine machinery of the call path, and the "
-      "runtime's own bookkeeping (call table, contexts, in-flight counts). The 2,500 target "
-      "needs the hot path off Asio's reactor and scheduler (an event loop of our own for the "
-      "connection's socket or completion queue); not done.")
+      "(2026-12-02 afternoon; client 6,939 -> 4,088, server 6,266 -> 4,678); then Asio socket "
+      "operations: TCP sockets and the RDMA completion channel are registered once in the "
+      "reactor with an operation that never completes (`transport/poller.h`) and read and "
+      "written with raw syscalls -- no operation, speculative recv, per-descriptor lock pair, "
+      "scheduler trip or glibc cancellation wrapper per message -- and a server call moves once "
+      "instead of four times (2026-12-02 evening; client 4,028 -> 3,158, server 4,675 -> 3,604). "
+      "What is left, from the profiles below: Asio's scheduler (its mutex, the task and "
+      "operation queues, epoll_wait: ~400 per side), protobuf parsing and serialization (~500 "
+      "per side), the coroutine frames and resumptions of the call path, and the runtime's own "
+      "bookkeeping (call table, contexts, in-flight counts, the budget check); over rdma:// also "
+      "the transport counters (an out-of-line function per count, ~110 per call) and "
+      "libibverbs/rxe's own work. The 2,500 target needs the scheduler off the path too (a loop "
+      "of our own around the reactor, or the reactor's events run without the scheduler's "
+      "queue); not done.")
     w("- Polling modes. Events mode (`--poll-spin-us 0`) pays a completion-channel wake-up per "
       "message on each side; busy-poll removes it at the price of a spinning core; the default, "
       "adaptive polling, keeps polling for 200 us after the last completion and then sleeps, so "
