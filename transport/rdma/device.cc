@@ -30,7 +30,7 @@ class ThreadDevice::Waker final : public Poller::Client {
 };
 
 ThreadDevice::~ThreadDevice() {
-  if (!detached_ && registration_) {
+  if (registration_) {  // (Detach forgot it if the io_context went first)
     // Dropped from a posted handler: this may run inside the Waker's own call.
     std::shared_ptr<Poller::Client> held = Poller::For(ex_).Remove(registration_);
     if (held) asio::post(ex_, [held = std::move(held)] {});

@@ -54,10 +54,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Stops waiting on the completion fd; for when the io_context goes away first (its poller
   // forgets the registration itself).
-  void Detach() {
-    detached_ = true;
-    registration_ = nullptr;
-  }
+  void Detach() { registration_ = nullptr; }
 
   ibv_pd* pd() const { return pd_.get(); }
   ibv_srq* srq() const { return srq_.get(); }
@@ -177,7 +174,6 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // The completion channel's registration with the thread's Poller (through a Waker, which
   // holds this device weakly: the poller must not keep the device alive).
   Poller::Registration* registration_ = nullptr;
-  bool detached_ = false;
   bool sleeping_ = false;       // waiting for the channel: its next event wakes the thread
   bool channel_ready_ = false;  // the channel reported events while the thread was not asleep
   bool busy_poll_;

@@ -261,6 +261,7 @@ class TcpConnection final : public Connection,
       fd_ = -1;
     }
     pending_.Release();
+    inflight_.Release();  // (a write the kernel never finished)
     asio::post(executor_, [self = shared_from_this(), held = std::move(held)] {
       self->handler_.DeliverClose();
       self->work_ = Executor();
@@ -278,8 +279,9 @@ class TcpConnection final : public Connection,
 
   void Flush() {
     if (handler_.closed() || writing_ || pending_.empty()) return;
-    // Usually the kernel takes the whole batch at once; what it does not take is written when
-    // the poller says the socket has room again.
+    // Usually the kernel takes the whole batch at once; what it does not take is written by
+    // WriteInflight when the socket has room again (WaitWritable). (This first send is not left
+    // to WriteInflight: the swap and the extra steps cost ~30 instructions per call.)
     ssize_t n;
     do {
       n = SendSome(fd_, pending_.data(), pending_.size());
