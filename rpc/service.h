@@ -171,6 +171,14 @@ class ServerCall {
         call_id_(call_id),
         request_bytes_(request_bytes),
         context_(std::move(context)) {}
+  // The same, with the context built in place from its parts (see ServerContext).
+  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, size_t request_bytes,
+             std::shared_ptr<const std::string> peer, std::string_view method,
+             std::chrono::steady_clock::time_point deadline, Metadata metadata)
+      : sink_(std::move(sink)),
+        call_id_(call_id),
+        request_bytes_(request_bytes),
+        context_(std::move(peer), method, deadline, std::move(metadata)) {}
   ServerCall(ServerCall&&) = default;
   ServerCall& operator=(ServerCall&&) = delete;
   ~ServerCall() {

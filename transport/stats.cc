@@ -15,6 +15,9 @@ struct Registry {
   std::mutex mu;
   std::vector<Block*> live;
   StatValues retired{};
+  // Where a thread counts after its block is gone (other thread_locals' destructors may still
+  // count); shared by such threads, so a late count may be lost, never misplaced.
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Stat::kCount)> late{};
 };
 Registry& registry() {
   static Registry* r = new Registry;
@@ -35,18 +38,19 @@ struct Block {
     std::lock_guard lock(r.mu);
     for (size_t i = 0; i < v.size(); ++i) r.retired[i] += v[i].load(std::memory_order_relaxed);
     std::erase(r.live, this);
+    internal::t_counters = r.late.data();
   }
 };
 
-thread_local Block tls_block;
-
 }  // namespace
 
-void Count(Stat s, uint64_t n) {
-  auto& c = tls_block.v[static_cast<size_t>(s)];
-  // One writer: no read-modify-write instruction needed.
-  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+namespace internal {
+std::atomic<uint64_t>* AttachThreadCounters() {
+  static thread_local Block block;
+  t_counters = block.v.data();
+  return t_counters;
 }
+}  // namespace internal
 
 StatValues Snapshot() {
   Registry& r = registry();
@@ -55,6 +59,7 @@ StatValues Snapshot() {
   for (const Block* b : r.live) {
     for (size_t i = 0; i < out.size(); ++i) out[i] += b->v[i].load(std::memory_order_relaxed);
   }
+  for (size_t i = 0; i < out.size(); ++i) out[i] += r.late[i].load(std::memory_order_relaxed);
   return out;
 }
 
