@@ -807,25 +807,37 @@ class ChannelCore final : public transport::ConnectionHandler,
   // `waiter`: where the handler waits, Slot::resume (calls, stream readers) or
   // Slot::write_resume (stream writers: a bidirectional stream may have both at once).
   using Waiter = std::optional<Resumer> Slot::*;
-  asio::awaitable<void> Suspend(uint32_t index, Clock::time_point deadline,
-                                Waiter waiter = &Slot::resume) {
+  struct Waiting;
+  internal::Parker<Waiting> Suspend(uint32_t index, Clock::time_point deadline,
+                                    Waiter waiter = &Slot::resume) {
     Slot& slot = *slots_[index];
     slot.deadline = deadline;
     ArmDeadline(deadline);
-    return asio::async_initiate<decltype(asio::use_awaitable), void()>(
-        [this, index, gen = slot.generation, waiter](auto handler) {
-          Slot& s = *slots_[index];
-          (s.*waiter).emplace(std::move(handler));
-          if (auto cs = (s.*waiter)->get_cancellation_slot(); cs.is_connected()) {
-            cs.assign([this, index, gen, waiter](asio::cancellation_type) {
-              // Invoked by the caller's emit, on this thread. The slot may have moved on.
-              if (index < slots_.size() && slots_[index]->generation == gen) {
-                ResumeWaiter(*slots_[index], waiter, /*from_cancellation=*/true);
-              }
-            });
-          }
-        },
-        asio::use_awaitable);
+    return internal::Park(Waiting{this, index, slot.generation, waiter});
+  }
+  // Where Suspend's caller waits, once suspended.
+  struct Waiting {
+    ChannelCore* core;
+    uint32_t index, generation;
+    Waiter waiter;
+    void operator()(Resumer&& resume) const {
+      core->Wait(index, generation, waiter, std::move(resume));
+    }
+  };
+  void Wait(uint32_t index, uint32_t gen, Waiter waiter, Resumer&& resume) {
+    Slot& s = *slots_[index];
+    (s.*waiter).emplace(std::move(resume));
+    if (auto cs = (s.*waiter)->get_cancellation_slot(); cs.is_connected()) {
+      cs.assign([this, index, gen, waiter](asio::cancellation_type) {
+        // Invoked by the caller's emit, on this thread. The slot may have moved on.
+        if (index < slots_.size() && slots_[index]->generation == gen) {
+          ResumeWaiter(*slots_[index], waiter, /*from_cancellation=*/true);
+        }
+      });
+      // Cancelled before it got here (while it waited for room, say): no emit is coming, and
+      // the caller ends with CANCELLED where a co_await would have thrown.
+      if ((s.*waiter)->cancelled_before()) ResumeWaiter(s, waiter, /*from_cancellation=*/true);
+    }
   }
 
   // Resumes whoever is suspended on `s` (the caller or stream reader, and a stream writer), from

@@ -112,12 +112,10 @@ class HandlerPool {
       }
       HandlerPool* pool = r->pool;
       if (pool->idle_.size() >= kMaxIdle) co_return;
-      co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
-          [r](auto handler) {
-            r->resume.emplace(std::move(handler));
-            r->pool->idle_.push_back(r);
-          },
-          asio::use_awaitable);
+      co_await Park([r](Resumer&& resume) {
+        r->resume.emplace(std::move(resume));
+        r->pool->idle_.push_back(r);
+      });
     }
   }
 

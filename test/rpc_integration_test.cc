@@ -593,6 +593,59 @@ TEST_CASE("a cancelled call fails with CANCELLED at once; the handler sees it; n
   CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
 }
 
+// A call that waited for room (the server allows one call per connection here) is let through
+// by the previous call's reply and cancelled before it runs on: it is sent, then must end
+// CANCELLED (and tell the server), not throw out of the stub with its call slot still taken.
+TEST_CASE("a call cancelled as it leaves the admission queue ends CANCELLED", "[rpc][cancel]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1, .max_concurrent_calls_per_connection = 1});
+  Status got_a, got_b;
+  bool b_done = false, b_threw = false;
+  RunLoop([&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    TestService::Stub stub(co_await MustConnect(ts.uri));
+    asio::cancellation_signal cancel_b;
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          SleepRequest req;
+          req.set_ms(300);
+          google::protobuf::Empty reply;
+          got_a = co_await stub.Sleep(req, reply);
+          // A's reply has just woken B in the admission queue; B has not run since.
+          cancel_b.emit(asio::cancellation_type::terminal);
+        },
+        asio::detached);
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          SleepRequest req;
+          req.set_ms(5000);
+          google::protobuf::Empty reply;
+          try {
+            got_b = co_await stub.Sleep(req, reply);
+          } catch (const std::exception&) {
+            b_threw = true;
+          }
+          b_done = true;
+        },
+        asio::bind_cancellation_slot(cancel_b.slot(), asio::detached));
+    co_await WaitUntil([&] { return b_done; }, 20s);
+    // The channel has its one call slot back.
+    EchoRequest e;
+    e.set_seq(3);
+    CallOptions o;
+    o.timeout = 10s;
+    auto r = co_await stub.Echo(e, o);
+    CHECK(r.ok());
+  }());
+  CHECK(got_a.ok());
+  CHECK_FALSE(b_threw);
+  CHECK(got_b.code() == StatusCode::kCancelled);
+  CHECK(Eventually([&] { return ts.service.cancelled_seen == 1; }, 3000ms));
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 3000ms));
+}
+
 TEST_CASE("a deadline that passes cancels the handler on the server too", "[rpc][cancel]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
