@@ -133,6 +133,7 @@ Expected<void> ThreadDevice::Init() {
   cqe_ = static_cast<uint32_t>(std::min(attr.max_cqe, 65535));
   srq_depth_ = std::min<uint32_t>({kSrqDepth, static_cast<uint32_t>(attr.max_srq_wr), cqe_ / 2});
   if (srq_depth_ == 0) return Error{"the RDMA device supports no shared receive queue"};
+  repost_batch_ = std::clamp<uint32_t>(srq_depth_ / 8, 1, kSrqRepostBatch);
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = srq_depth_;
   sa.attr.max_sge = 1;
@@ -316,8 +317,12 @@ uint32_t ThreadDevice::Poll(ibv_cq* cq) {
       if (it == by_qp_.end()) continue;
       if (auto c = it->second.lock()) c->OnCompletion(wcs[i]);
     }
-    if (receives && !PostReceives(receives)) {
-      spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
+    receives_owed_ += receives;
+    if (receives_owed_ >= repost_batch_) {
+      if (!PostReceives(receives_owed_)) {
+        spdlog::error("rdma: ibv_post_srq_recv failed: {}", std::strerror(errno));
+      }
+      receives_owed_ = 0;
     }
   }
   Count(Stat::kRdmaCqPolls, polls);

@@ -169,6 +169,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   std::vector<std::vector<BulkBuffer>> bulk_free_;  // by size class
   size_t bulk_cached_ = 0;
   uint32_t cqe_ = 0, srq_depth_ = 0;
+  uint32_t receives_owed_ = 0;  // consumed SRQ receives not yet reposted (< repost_batch_)
+  uint32_t repost_batch_ = 1;
   uint8_t rd_atom_ = 1;
   bool mw_type2_ = false;
   // The completion channel's registration with the thread's Poller (through a Waker, which

@@ -40,6 +40,10 @@ inline constexpr uint64_t WrTag(uint64_t tag, uint32_t slot) {
 // flush 16k completions into the thread's CQ, and two at once overflowed it (rxe: 32767 CQEs),
 // which put every other QP on that CQ into error.
 inline constexpr uint32_t kSrqDepth = 8192;
+// Consumed receives are reposted this many at a time (one ibv_post_srq_recv with a chain),
+// not one by one as they complete: at one call at a time, reposting each receive alone cost
+// ~140 instructions per message. The SRQ runs at most this many short of its depth.
+inline constexpr uint32_t kSrqRepostBatch = 32;
 // Send work requests a connection may have outstanding. Chunks are up to a quarter of the ring,
 // so a few suffice for bulk; 256 keeps 256 small records in flight.
 inline constexpr uint32_t kSendDepth = 256;
