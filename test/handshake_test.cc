@@ -1,13 +1,16 @@
 // The connection handshake without a network: HMAC-SHA256 against RFC 4231's vectors, the HELLO
 // and ANSWER codecs, and the challenge-response rules (mutual proof, no replay, no reuse across
-// servers or after expiry). The same exchange runs over real TCP and RDMA in reliability_test.
+// servers or after expiry), and a listener's verdict on a HELLO (transport/acceptor.h). The same
+// exchange runs over real TCP and RDMA in reliability_test.
 #include "transport/handshake.h"
 
+#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 
 #include "test/expected_text.h"
+#include "transport/acceptor.h"
 
 using namespace rdmarpc::transport;
 using rdmarpc::testing::ErrorOf;
@@ -210,4 +213,63 @@ TEST_CASE("a challenge expires", "[handshake]") {
         Refusal::kBadSecret);
   // Nor is a challenge from the future taken (a clock cannot run backwards here).
   CHECK(server.CheckAt(proved_at(t0 + 100), &unused, t0) == Refusal::kBadSecret);
+}
+
+// What both listeners (tcp, rdma) decide with transport/acceptor.h.
+TEST_CASE("a listener's verdict on a HELLO: go on, challenge, or refuse saying why",
+          "[handshake]") {
+  boost::asio::io_context io1, io2;
+  auto core = [&](std::string secret) {
+    Options o;
+    o.auth_secret = std::move(secret);
+    return std::make_unique<AcceptorCore>(
+        std::vector<Executor>{io1.get_executor(), io2.get_executor()},
+        [](std::shared_ptr<Connection>) {}, o);
+  };
+  uint8_t buf[kHelloBytes];
+  std::string why;
+  auto screen = [&](AcceptorCore& c, const uint8_t* bytes, size_t n, bool retry) {
+    why.clear();
+    return c.Screen(bytes, n, DecodeHello(bytes, n), retry, &why);
+  };
+
+  auto open = core("");
+  EncodeHello(Authenticator("").NewHello(), buf);
+  CHECK(screen(*open, buf, sizeof buf, false).code == Refusal::kNone);
+  CHECK(why.empty());
+  // Not a HELLO: refused, saying what the decoder found.
+  const uint8_t junk[kHelloBytes] = {1, 2, 3};
+  CHECK(screen(*open, junk, sizeof junk, false).code == Refusal::kServerError);
+  CHECK_FALSE(why.empty());
+
+  // With a secret: challenged first; the same HELLO again (no proof) is refused; with the proof
+  // it goes on.
+  auto guarded = core("s3cret");
+  Authenticator client("s3cret");
+  Hello h = client.NewHello();
+  EncodeHello(h, buf);
+  const Answer challenge = screen(*guarded, buf, sizeof buf, false);
+  REQUIRE(challenge.code == Refusal::kChallenge);
+  CHECK(why.empty());
+  CHECK(screen(*guarded, buf, sizeof buf, true).code == Refusal::kBadSecret);
+  CHECK(why == RefusalText(Refusal::kBadSecret));
+  client.Prove(&h, challenge.challenge);
+  EncodeHello(h, buf);
+  CHECK(screen(*guarded, buf, sizeof buf, true).code == Refusal::kNone);
+  CHECK(why.empty());
+
+  // Accepted connections go to the I/O threads in turn.
+  CHECK(open->NextExecutor() == Executor(io1.get_executor()));
+  CHECK(open->NextExecutor() == Executor(io2.get_executor()));
+  CHECK(open->NextExecutor() == Executor(io1.get_executor()));
+}
+
+// (A name that does not resolve is left to the tests that may wait on the resolver.)
+TEST_CASE("a listener binds localhost as 127.0.0.1, and addresses as they are", "[handshake]") {
+  auto local = ListenAddress(Endpoint{Scheme::kTcp, "localhost", 0});
+  REQUIRE(local.ok());
+  CHECK(local.value().to_string() == "127.0.0.1");
+  auto v6 = ListenAddress(Endpoint{Scheme::kTcp, "::1", 0});
+  REQUIRE(v6.ok());
+  CHECK(v6.value().is_v6());
 }

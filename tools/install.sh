@@ -45,7 +45,8 @@ trap 'rm -rf "$tmp"' EXIT
 {
   echo "CREATE $tmp/librdmarpc.a"
   for lib in rpc/librpc.a transport/libtransport.a transport/libtcp.a transport/librdma.a \
-    transport/libinproc.a transport/libinterface.a transport/libpoller.a rpc/libhealth.a \
+    transport/libinproc.a transport/libinterface.a transport/libpoller.a \
+    transport/libacceptor.a rpc/libhealth.a \
     rpc/libhealth_proto.a \
     rpc/libsecret_file.a rpc/internal/libwire.a; do
     echo "ADDLIB $bin/$lib"

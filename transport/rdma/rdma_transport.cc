@@ -28,6 +28,7 @@
 #include <cstring>
 #include <optional>
 
+#include "transport/acceptor.h"
 #include "transport/handshake.h"
 #include "transport/rdma/connection.h"
 #include "transport/rdma/tunables.h"
@@ -93,18 +94,12 @@ rdma_conn_param ConnParam(const uint8_t* data, size_t len, uint8_t rd_atom) {
 
 class RdmaListener final : public Listener {
  public:
-  struct State : std::enable_shared_from_this<State> {
-    explicit State(Executor ex) : fd(ex) {}
+  struct State : AcceptorCore, std::enable_shared_from_this<State> {
+    State(const std::vector<Executor>& executors, AcceptHandler on_accept, const Options& options)
+        : AcceptorCore(executors, std::move(on_accept), options), fd(executors[0]) {}
     asio::posix::stream_descriptor fd;
     EventChannel events;
     CmId id;
-    std::vector<Executor> executors;
-    AcceptHandler on_accept;
-    Options options;
-    Authenticator auth{""};
-    size_t next = 0;
-    // Set on the listener's thread, read by Accept on the I/O thread that takes the connection.
-    std::atomic<bool> closed{false};
 
     void Wait() {
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -127,20 +122,15 @@ class RdmaListener final : public Listener {
       std::string peer = SockaddrUri(rdma_get_peer_addr(child));
       // Refused or challenged before anything is allocated for the peer, and before it learns
       // any rkey: a challenge is a reject too, and the client connects again with its proof.
-      Answer answer;
-      std::string err;
-      if (!decoded.ok()) {
-        err = decoded.error().message;
-        answer.code =
-            RefusalForBadHello(e->param.conn.private_data, e->param.conn.private_data_len);
-      } else {
-        answer.code = auth.Check(decoded.value().hello, &answer.challenge);
-        if (answer.code != Refusal::kNone) err = RefusalText(answer.code);
-      }
+      std::string why;
+      const Answer answer = Screen(
+          static_cast<const uint8_t*>(e->param.conn.private_data), e->param.conn.private_data_len,
+          decoded.ok() ? Expected<Hello>(decoded.value().hello) : Expected<Hello>(decoded.error()),
+          /*retry=*/false, &why);
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (answer.code != Refusal::kNone) {
         if (answer.code != Refusal::kChallenge) {
-          spdlog::warn("rdma: refusing connection from {}: {}", peer, err);
+          spdlog::warn("rdma: refusing connection from {}: {}", peer, why);
         }
         RejectWith(child, answer);
         rdma_destroy_id(child);
@@ -158,7 +148,7 @@ class RdmaListener final : public Listener {
         rdma_destroy_id(child);
         return;
       }
-      Executor target = executors[next++ % executors.size()];
+      const Executor& target = NextExecutor();
       asio::co_spawn(
           target,
           Accept(shared_from_this(), target, CmId(child), std::move(ch), decoded.value(), peer),
@@ -167,7 +157,7 @@ class RdmaListener final : public Listener {
 
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, Executor ex, CmId id,
                                         EventChannel ch, PeerHello client, std::string peer) {
-      auto conn = std::make_shared<RdmaConnection>(ex, self->options, peer);
+      auto conn = std::make_shared<RdmaConnection>(ex, self->options(), peer);
       rdma_cm_id* raw = id.get();
       Expected<void> set_up = conn->Adopt(std::move(id), std::move(ch));
       if (set_up.ok()) set_up = conn->Setup();
@@ -181,7 +171,7 @@ class RdmaListener final : public Listener {
       // shows a client with a secret that we know it too.
       const Hello ours = WithRing(Hello{}, conn->LocalRing());
       Answer answer;
-      answer.proof = self->auth.ProveServer(client.hello, ours);
+      answer.proof = self->auth().ProveServer(client.hello, ours);
       uint8_t data[kHelloBytes + kAnswerBytes];
       EncodeHello(ours, data);
       EncodeAnswer(answer, data + kHelloBytes);
@@ -190,8 +180,8 @@ class RdmaListener final : public Listener {
         spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
       }
-      CmEvent ev =
-          co_await conn->NextEvent(std::max(self->options.connect_timeout_ms, kEstablishWaitMinMs));
+      CmEvent ev = co_await conn->NextEvent(
+          std::max(self->options().connect_timeout_ms, kEstablishWaitMinMs));
       if (!ev || ev->event != RDMA_CM_EVENT_ESTABLISHED) {
         spdlog::warn("rdma: connection from {} not established: {}", peer,
                      ev ? rdma_event_str(ev->event) : "timed out");
@@ -203,7 +193,7 @@ class RdmaListener final : public Listener {
       if (auto opened = conn->Open(); !opened.ok()) {
         spdlog::warn("rdma: connection from {}: {}", peer, opened.error().message);
       }
-      self->on_accept(conn);
+      self->Deliver(conn);
     }
   };
 
@@ -236,20 +226,6 @@ sockaddr_storage ToSockaddr(const asio::ip::address& addr, uint16_t port) {
   return ss;
 }
 
-// For Listen (set-up, off the I/O threads): a blocking lookup is fine there.
-Expected<sockaddr_storage> ResolveHost(const Endpoint& ep) {
-  boost::system::error_code ec;
-  auto addr = asio::ip::make_address(ep.host == "localhost" ? "127.0.0.1" : ep.host, ec);
-  if (ec) {
-    asio::io_context ioc;
-    asio::ip::tcp::resolver r(ioc);
-    auto results = r.resolve(ep.host, std::to_string(ep.port), ec);
-    if (ec || results.empty()) return Error{"cannot resolve " + ep.host};
-    addr = results.begin()->endpoint().address();
-  }
-  return ToSockaddr(addr, ep.port);
-}
-
 // For Connect, which runs on an I/O thread: a host name is looked up without blocking the loop
 // (Asio's resolver does the getaddrinfo on its own thread).
 asio::awaitable<Expected<sockaddr_storage>> ResolveHostAsync(const Endpoint& ep, Executor ex) {
@@ -271,13 +247,10 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   const std::string what = "rdma listen on " + endpoint.ToUri() + ": ";
   if (auto device = DeviceAvailable(); !device.ok()) return Error{what + device.error().message};
   if (executors.empty()) return Error{what + "no executors"};
-  auto sa = ResolveHost(endpoint);
-  if (!sa.ok()) return Error{what + sa.error().message};
-  auto s = std::make_shared<RdmaListener::State>(executors[0]);
-  s->executors = executors;
-  s->on_accept = std::move(on_accept);
-  s->options = options;
-  s->auth = Authenticator(options.auth_secret);
+  auto addr = ListenAddress(endpoint);
+  if (!addr.ok()) return Error{what + addr.error().message};
+  sockaddr_storage sa = ToSockaddr(addr.value(), endpoint.port);
+  auto s = std::make_shared<RdmaListener::State>(executors, std::move(on_accept), options);
   s->events.reset(rdma_create_event_channel());
   if (!s->events) return Error{what + Errno("rdma_create_event_channel")};
   rdma_cm_id* id = nullptr;
@@ -285,7 +258,7 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
     return Error{what + Errno("rdma_create_id")};
   }
   s->id.reset(id);
-  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&sa.value()))) {
+  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&sa))) {
     return Error{what + Errno("rdma_bind_addr")};
   }
   if (rdma_listen(id, 1024)) return Error{what + Errno("rdma_listen")};

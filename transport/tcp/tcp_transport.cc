@@ -24,6 +24,7 @@
 #include <boost/asio/write.hpp>
 #include <cstring>
 
+#include "transport/acceptor.h"
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
 #include "transport/poller.h"
@@ -460,18 +461,15 @@ class TcpConnection final : public Connection,
 
 class TcpListener final : public Listener {
  public:
-  struct State {
-    State(Executor ex) : acceptor(ex) { spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); }
+  struct State : AcceptorCore {
+    State(const std::vector<Executor>& executors, AcceptHandler on_accept, const Options& options)
+        : AcceptorCore(executors, std::move(on_accept), options), acceptor(executors[0]) {
+      spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
     ~State() {
       if (spare_fd >= 0) close(spare_fd);
     }
     tcp::acceptor acceptor;
-    std::vector<Executor> executors;
-    AcceptHandler on_accept;
-    Options options;
-    Authenticator auth{""};
-    size_t next = 0;
-    std::atomic<bool> closed{false};
     // A descriptor held in reserve: when the process runs out (EMFILE), it is given up for one
     // moment to accept the newest client and refuse it with "busy", so that clients get a
     // clear RESOURCE_EXHAUSTED at once instead of waiting in the backlog for their timeout.
@@ -488,7 +486,7 @@ class TcpListener final : public Listener {
 
   static void AcceptNext(std::shared_ptr<State> s) {
     if (s->closed) return;
-    Executor target = s->executors[s->next++ % s->executors.size()];
+    const Executor& target = s->NextExecutor();
     s->acceptor.async_accept(target, [s](boost::system::error_code ec, tcp::socket sock) {
       if (s->closed) return;
       if (ec) {
@@ -583,8 +581,8 @@ class TcpListener final : public Listener {
     boost::system::error_code ec;
     const auto remote = sock.remote_endpoint(ec);
     const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(s->options.connect_timeout_ms);
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(s->options().connect_timeout_ms);
     Answer answer;
     for (int round = 0;; ++round) {
       uint8_t buf[kHelloBytes];
@@ -593,20 +591,13 @@ class TcpListener final : public Listener {
         spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
         co_return;
       }
-      answer = Answer{};
-      Expected<Hello> decoded = DecodeHello(buf, n);
-      if (!decoded.ok()) {
-        spdlog::warn("tcp: refusing connection from {}: {}", peer, decoded.error().message);
-        answer.code = RefusalForBadHello(buf, n);
-      } else {
-        const Hello& hello = decoded.value();
-        answer.code = s->auth.Check(hello, &answer.challenge);
-        // A second HELLO must carry the proof the challenge asked for.
-        if (answer.code == Refusal::kChallenge && round > 0) answer.code = Refusal::kBadSecret;
-        if (answer.code == Refusal::kNone) answer.proof = s->auth.ProveServer(hello, Hello{});
-        if (answer.code != Refusal::kNone && answer.code != Refusal::kChallenge) {
-          spdlog::warn("tcp: refusing connection from {}: {}", peer, RefusalText(answer.code));
-        }
+      const Expected<Hello> hello = DecodeHello(buf, n);
+      std::string why;
+      answer = s->Screen(buf, n, hello, /*retry=*/round > 0, &why);
+      if (answer.code == Refusal::kNone) {
+        answer.proof = s->auth().ProveServer(hello.value(), Hello{});
+      } else if (answer.code != Refusal::kChallenge) {
+        spdlog::warn("tcp: refusing connection from {}: {}", peer, why);
       }
       uint8_t out[kAnswerBytes];
       EncodeAnswer(answer, out);
@@ -616,7 +607,7 @@ class TcpListener final : public Listener {
       if (answer.code != Refusal::kChallenge) break;
     }
     if (answer.code != Refusal::kNone || s->closed) co_return;  // the socket closes here
-    s->on_accept(std::make_shared<TcpConnection>(std::move(sock), s->options));
+    s->Deliver(std::make_shared<TcpConnection>(std::move(sock), s->options()));
   }
 
   void Close() override {
@@ -640,26 +631,11 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
                                            const std::vector<Executor>& executors,
                                            AcceptHandler on_accept, const Options& options) {
   if (executors.empty()) return Error{"tcp listen: no executors"};
+  auto addr = ListenAddress(endpoint);
+  if (!addr.ok()) return Error{"tcp listen on " + endpoint.ToUri() + ": " + addr.error().message};
+  auto state = std::make_shared<TcpListener::State>(executors, std::move(on_accept), options);
   boost::system::error_code ec;
-  auto addr =
-      asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host, ec);
-  if (ec) {
-    // A host name: looked up here, blocking (Listen is set-up, not on an I/O thread).
-    asio::io_context lookup;
-    tcp::resolver resolver(lookup);
-    auto results = resolver.resolve(endpoint.host, std::to_string(endpoint.port), ec);
-    if (ec || results.empty()) {
-      return Error{"tcp listen on " + endpoint.ToUri() + ": cannot resolve " + endpoint.host +
-                   (ec ? ": " + ec.message() : std::string())};
-    }
-    addr = results.begin()->endpoint().address();
-  }
-  auto state = std::make_shared<TcpListener::State>(executors[0]);
-  state->executors = executors;
-  state->on_accept = std::move(on_accept);
-  state->options = options;
-  state->auth = Authenticator(options.auth_secret);
-  tcp::endpoint ep(addr, endpoint.port);
+  tcp::endpoint ep(addr.value(), endpoint.port);
   auto& a = state->acceptor;
   if (a.open(ep.protocol(), ec); ec) return Error{"tcp listen: socket: " + ec.message()};
   a.set_option(tcp::acceptor::reuse_address(true), ec);
