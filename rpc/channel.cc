@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "rpc/internal/call_table.h"
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
@@ -139,7 +140,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (now == Clock::time_point{} && options.timeout.count() > 0) now = Clock::now();
     const auto deadline = EffectiveDeadline(options, now);
     const uint32_t index = AllocSlot();
-    Slot& slot = *slots_[index];
+    Slot& slot = calls_[index];
     slot.reply = &reply;
     slot.wait_for_ready = options.wait_for_ready;
     // Usually admitted at once: then no coroutine for the admission wait.
@@ -263,7 +264,7 @@ class ChannelCore final : public transport::ConnectionHandler,
       FinishInterceptors(list, method, status, start, admitted);
       co_return status;
     }
-    Slot& s = *slots_[*index];
+    Slot& s = calls_[*index];
     s.interceptors = &list;
     s.intercepted_at = start;
     co_return status;
@@ -271,7 +272,7 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   // Tells a stream's interceptors how it ended; once.
   void StreamEnded(uint32_t index, const Status& status) {
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     if (!s.interceptors) return;
     const ClientInterceptors& list = *std::exchange(s.interceptors, nullptr);
     FinishInterceptors(list, *s.method, status, s.intercepted_at, list.size());
@@ -287,7 +288,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     auto self = shared_from_this();
     const auto deadline = EffectiveDeadline(options);
     const uint32_t i = AllocSlot();
-    Slot& slot = *slots_[i];
+    Slot& slot = calls_[i];
     slot.streaming = true;
     slot.method = &method;
     slot.stream_deadline = deadline;
@@ -308,7 +309,7 @@ class ChannelCore final : public transport::ConnectionHandler,
                                    google::protobuf::MessageLite& out) {
     auto self = shared_from_this();
     if (!IsStream(index, generation)) co_return false;
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     for (;;) {
       if (!s.messages.empty()) {
         std::string m = std::move(s.messages.front());
@@ -336,7 +337,7 @@ class ChannelCore final : public transport::ConnectionHandler,
                                     const google::protobuf::MessageLite& message) {
     auto self = shared_from_this();
     if (!IsStream(index, generation)) co_return false;
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     for (;;) {
       if (s.done || s.writes_done || !conn_ || conn_->closed()) co_return false;
       if (s.send_credit > 0) break;
@@ -374,7 +375,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // False when the stream is over or already half-closed.
   bool HalfCloseStream(uint32_t index, uint32_t generation) {
     if (!IsStream(index, generation)) return false;
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     if (s.done || s.writes_done || !conn_ || conn_->closed()) return false;
     if (!(static_cast<uint8_t>(s.method->kind) & kRequestFlagClientStream)) return false;
     s.writes_done = true;
@@ -394,7 +395,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (!IsStream(index, generation)) {
       co_return Status(StatusCode::kFailedPrecondition, "stream already finished");
     }
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     HalfCloseStream(index, generation);
     while (!s.done) {
       while (!s.messages.empty()) {
@@ -423,7 +424,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
   void ReleaseStream(uint32_t index, uint32_t generation) {
     if (!IsStream(index, generation)) return;
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
     StreamEnded(index, s.status);  // dropped without Finish: how it ended, or CANCELLED
     s.messages.clear();
@@ -443,7 +444,7 @@ class ChannelCore final : public transport::ConnectionHandler,
                                       const CallOptions& options,
                                       std::chrono::steady_clock::time_point deadline,
                                       std::chrono::steady_clock::time_point now = {}) {
-    Slot& slot = *slots_[index];
+    Slot& slot = calls_[index];
     // Admission: a ready connection with room under the concurrency limit, else wait in order
     // (or fail at once when not connected, unless the caller asked to wait for readiness).
     while (!AdmitsNow()) {
@@ -452,10 +453,10 @@ class ChannelCore final : public transport::ConnectionHandler,
         co_return s;
       }
       if (state_ == State::kIdle) StartOnDemandConnect();
-      EnqueueWaiter(&slot);
+      waiting_.PushBack(&slot);
       co_await Suspend(index, deadline);
       const bool woken = !slot.queued;
-      if (!woken) RemoveWaiter(&slot);
+      if (!woken) waiting_.Remove(&slot);
       Status gave_up = GaveUp(deadline, options, woken);
       if (!gave_up.ok()) {
         FreeSlot(index);
@@ -478,7 +479,7 @@ class ChannelCore final : public transport::ConnectionHandler,
                       const google::protobuf::MessageLite* request, const CallOptions& options,
                       std::chrono::steady_clock::time_point deadline,
                       std::chrono::steady_clock::time_point now = {}) {
-    Slot& slot = *slots_[index];
+    Slot& slot = calls_[index];
     const uint8_t flags = static_cast<uint8_t>(method.kind);
     if ((flags & kRequestFlagClientStream) && !(server_features_ & kFeatureClientStreams)) {
       FreeSlot(index);
@@ -627,7 +628,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     Status status;
     Slot* prev = nullptr;  // in waiting_, while queued
     Slot* next = nullptr;
-    uint32_t generation = 1;
+    uint32_t generation = 1;  // these two are calls_' (CallTable)
     bool active = false;
     bool queued = false;  // in waiting_
     bool sent = false;    // on the wire; counted in in_flight_
@@ -659,13 +660,6 @@ class ChannelCore final : public transport::ConnectionHandler,
     // told already), and when they started.
     const ClientInterceptors* interceptors = nullptr;
     Clock::time_point intercepted_at;
-  };
-
-  // An intrusive FIFO of the calls waiting for room or for the connection (no allocation).
-  struct WaitList {
-    Slot* head = nullptr;
-    Slot* tail = nullptr;
-    bool empty() const { return head == nullptr; }
   };
 
   uint32_t Limit() const {
@@ -750,33 +744,6 @@ class ChannelCore final : public transport::ConnectionHandler,
                   "no reply from " + target_ + " before the deadline");
   }
 
-  void EnqueueWaiter(Slot* s) {
-    s->queued = true;
-    s->next = nullptr;
-    s->prev = waiting_.tail;
-    if (waiting_.tail) {
-      waiting_.tail->next = s;
-    } else {
-      waiting_.head = s;
-    }
-    waiting_.tail = s;
-  }
-
-  void RemoveWaiter(Slot* s) {
-    if (s->prev) {
-      s->prev->next = s->next;
-    } else {
-      waiting_.head = s->next;
-    }
-    if (s->next) {
-      s->next->prev = s->prev;
-    } else {
-      waiting_.tail = s->prev;
-    }
-    s->prev = s->next = nullptr;
-    s->queued = false;
-  }
-
   // Wakes the waiters that can make progress: as many as there is room for when ready; those
   // that must fail (connection down and not waiting for readiness, channel closed) otherwise.
   void WakeWaiters() {
@@ -785,12 +752,12 @@ class ChannelCore final : public transport::ConnectionHandler,
       room = in_flight_ < Limit() ? Limit() - in_flight_ : 0;
     }
     const bool may_go = state_ == State::kReady;
-    for (Slot* s = waiting_.head; s && room > 0;) {
+    for (Slot* s = waiting_.front(); s && room > 0;) {
       Slot* next = s->next;
       const bool must_fail =
           state_ == State::kShutdown || (!s->wait_for_ready && !ConnectionComing());
       if (may_go || must_fail) {
-        RemoveWaiter(s);
+        waiting_.Remove(s);
         Resume(*s);
         if (may_go) --room;
       }
@@ -810,7 +777,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   struct Waiting;
   internal::Parker<Waiting> Suspend(uint32_t index, Clock::time_point deadline,
                                     Waiter waiter = &Slot::resume) {
-    Slot& slot = *slots_[index];
+    Slot& slot = calls_[index];
     slot.deadline = deadline;
     ArmDeadline(deadline);
     return internal::Park(Waiting{this, index, slot.generation, waiter});
@@ -825,13 +792,13 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
   };
   void Wait(uint32_t index, uint32_t gen, Waiter waiter, Resumer&& resume) {
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     (s.*waiter).emplace(std::move(resume));
     if (auto cs = (s.*waiter)->get_cancellation_slot(); cs.is_connected()) {
       cs.assign([this, index, gen, waiter](asio::cancellation_type) {
         // Invoked by the caller's emit, on this thread. The slot may have moved on.
-        if (index < slots_.size() && slots_[index]->generation == gen) {
-          ResumeWaiter(*slots_[index], waiter, /*from_cancellation=*/true);
+        if (Slot* s = calls_.Find(index, gen)) {
+          ResumeWaiter(*s, waiter, /*from_cancellation=*/true);
         }
       });
       // Cancelled before it got here (while it waited for room, say): no emit is coming, and
@@ -898,28 +865,21 @@ class ChannelCore final : public transport::ConnectionHandler,
     deadline_armed_ = Clock::time_point::max();
     const auto now = Clock::now();
     auto next = Clock::time_point::max();
-    for (auto& s : slots_) {
-      if (!s->resume && !s->write_resume) continue;
-      if (s->deadline <= now) {
-        Resume(*s);
+    for (uint32_t i = 0; i < calls_.size(); ++i) {
+      Slot& s = calls_[i];
+      if (!s.resume && !s.write_resume) continue;
+      if (s.deadline <= now) {
+        Resume(s);
       } else {
-        next = std::min(next, s->deadline);
+        next = std::min(next, s.deadline);
       }
     }
     if (next != Clock::time_point::max()) ArmDeadline(next);
   }
 
   uint32_t AllocSlot() {
-    uint32_t index;
-    if (!free_.empty()) {
-      index = free_.back();
-      free_.pop_back();
-    } else {
-      index = static_cast<uint32_t>(slots_.size());
-      slots_.push_back(std::make_unique<Slot>());
-    }
-    Slot& s = *slots_[index];
-    s.active = true;
+    const uint32_t index = calls_.Alloc();
+    Slot& s = calls_[index];
     s.done = s.sent = s.queued = s.abandoned = false;
     s.streaming = s.server_done = s.writes_done = false;
     s.interceptors = nullptr;
@@ -930,17 +890,16 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   void FreeSlot(uint32_t index) {
-    Slot& s = *slots_[index];
-    if (s.queued) RemoveWaiter(&s);
+    Slot& s = calls_[index];
+    if (s.queued) waiting_.Remove(&s);
     const bool was_sent = s.sent;
     if (s.sent) --in_flight_;
-    s.active = s.sent = s.abandoned = false;
+    s.sent = s.abandoned = false;
     s.reply = nullptr;
     s.status = Status();
     if (!s.messages.empty()) s.messages.clear();  // (a deque's clear costs even when empty)
     s.final_payload.clear();
-    ++s.generation;
-    free_.push_back(index);
+    calls_.Free(index);
     if (!was_sent) return;
     if (state_ == State::kDraining && in_flight_ == 0 && conn_) {
       conn_->Close();  // the server is going away and we owe it nothing more
@@ -952,13 +911,8 @@ class ChannelCore final : public transport::ConnectionHandler,
   // The slot of a call the server may still answer: `call_id` (generation << 32 | index) names
   // a slot in range, in use, sent, of the same generation. Null for late replies and forged ids.
   Slot* SentSlot(uint64_t call_id, uint32_t* index) {
-    *index = static_cast<uint32_t>(call_id);
-    if (*index >= slots_.size()) return nullptr;
-    Slot& s = *slots_[*index];
-    if (!s.active || !s.sent || s.generation != static_cast<uint32_t>(call_id >> 32)) {
-      return nullptr;
-    }
-    return &s;
+    Slot* s = calls_.Find(call_id, index);
+    return s && s->sent ? s : nullptr;
   }
   // The same for a stream the server has not ended yet (its STREAM_MESSAGE and WINDOW frames).
   Slot* OpenStreamSlot(uint64_t call_id, uint32_t* index) {
@@ -1054,19 +1008,17 @@ class ChannelCore final : public transport::ConnectionHandler,
   }
 
   // The wire id of the call in slot `index`: (generation << 32) | index (see ChannelCore).
-  uint64_t CallId(uint32_t index) const {
-    return (static_cast<uint64_t>(slots_[index]->generation) << 32) | index;
-  }
+  uint64_t CallId(uint32_t index) const { return calls_.CallId(index); }
 
   bool IsStream(uint32_t index, uint32_t generation) const {
-    return index < slots_.size() && slots_[index]->active && slots_[index]->streaming &&
-           slots_[index]->generation == generation && !slots_[index]->abandoned;
+    const Slot* s = calls_.Find(index, generation);
+    return s && s->streaming && !s->abandoned;
   }
 
   // The reader took a message of `payload_bytes`: once half a window has been read, tell the
   // server it may send that much more.
   void TookStreamMessage(uint32_t index, size_t payload_bytes) {
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     const uint64_t cost = kFrameHeaderBytes + payload_bytes;
     s.buffered -= cost;
     s.unreported += cost;
@@ -1078,7 +1030,7 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   // The reader stops the stream with `why` (unless it has ended already): the server is told.
   void StopStream(uint32_t index, Status why) {
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     if (s.done) return;
     s.done = true;
     s.status = std::move(why);
@@ -1092,7 +1044,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     StopStream(index, cancelled != asio::cancellation_type::none
                           ? Status(StatusCode::kCancelled,
                                    "stream from " + target_ + " cancelled by the caller")
-                          : StreamDeadlineStatus(slots_[index]->timeout));
+                          : StreamDeadlineStatus(calls_[index].timeout));
   }
 
   Status StreamDeadlineStatus(std::chrono::nanoseconds timeout) const {
@@ -1188,7 +1140,7 @@ class ChannelCore final : public transport::ConnectionHandler,
 
   // The caller of a sent call gave up on it; see Slot::abandoned.
   void Abandon(uint32_t index) {
-    Slot& s = *slots_[index];
+    Slot& s = calls_[index];
     if (!conn_ || conn_->closed()) {
       FreeSlot(index);  // nobody on the other end counts it any more
       return;
@@ -1200,15 +1152,16 @@ class ChannelCore final : public transport::ConnectionHandler,
   // Fails every call on the wire with UNAVAILABLE (their replies can no longer come), and frees
   // the abandoned ones (the server stopped counting them with the connection).
   void FailSent(const std::string& why) {
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i]->active && slots_[i]->abandoned) FreeSlot(i);
+    for (uint32_t i = 0; i < calls_.size(); ++i) {
+      if (calls_[i].active && calls_[i].abandoned) FreeSlot(i);
     }
-    for (auto& s : slots_) {
-      if (s->active && s->sent && s->streaming) s->server_done = true;
-      if (s->active && s->sent && !s->done) {
-        s->status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
-        s->done = true;
-        Resume(*s);
+    for (uint32_t i = 0; i < calls_.size(); ++i) {
+      Slot& s = calls_[i];
+      if (s.active && s.sent && s.streaming) s.server_done = true;
+      if (s.active && s.sent && !s.done) {
+        s.status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
+        s.done = true;
+        Resume(s);
       }
     }
   }
@@ -1296,7 +1249,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   std::weak_ptr<asio::cancellation_signal> reconnect_cancel_;  // of the attempt in progress
   std::chrono::milliseconds backoff_;
   std::minstd_rand rng_;
-  std::vector<std::unique_ptr<Slot>> slots_;
+  CallTable<Slot> calls_;
   // InterceptorsFor's answers, by method id; grows by the methods this channel calls.
   struct BoundMethod {
     uint32_t id = 0;
@@ -1306,8 +1259,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   };
   std::unordered_map<uint32_t, BoundMethod> bound_;
   BoundMethod* last_bound_ = nullptr;  // the last method called: usually the next one too
-  std::vector<uint32_t> free_;
-  WaitList waiting_;
+  WaitList<Slot> waiting_;             // calls waiting for room or for the connection
 };
 
 }  // namespace internal
