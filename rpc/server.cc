@@ -418,13 +418,14 @@ class ServerConnection final : public transport::ConnectionHandler,
     return true;
   }
 
-  void FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
+  bool FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
                   const google::protobuf::MessageLite* reply, bool deliver) override {
     core_->CallFinished();
     --calls_;
     held_bytes_ -= request_bytes;
     ++finished_;
-    if (!conn_ || conn_->closed()) return;  // the caller is gone; nothing to deliver
+    if (!conn_ || conn_->closed()) return false;  // the caller is gone; nothing to deliver
+    bool sized = false;  // the FrameWriter sized the reply (its cached size is current)
     FrameHeader h;
     h.type = FrameType::kResponse;
     h.call_id = call_id;
@@ -434,6 +435,7 @@ class ServerConnection final : public transport::ConnectionHandler,
       SendError(h, Status(StatusCode::kCancelled, "cancelled by the caller"));
     } else if (status.ok()) {
       FrameWriter w(h, nullptr, reply);
+      sized = reply != nullptr;
       if (w.size() <= conn_->max_message_bytes()) {
         conn_->Send(w);
       } else {
@@ -447,9 +449,10 @@ class ServerConnection final : public transport::ConnectionHandler,
     }
     if (broken_ && calls_ == 0) {
       conn_->CloseAfterSending(kCloseGraceMs);
-      return;
+      return sized;
     }
     Throttle();
+    return sized;
   }
 
  private:

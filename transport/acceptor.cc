@@ -32,8 +32,8 @@ Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hel
 
 Expected<boost::asio::ip::address> ListenAddress(const Endpoint& endpoint) {
   boost::system::error_code ec;
-  auto addr = boost::asio::ip::make_address(
-      endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host, ec);
+  auto addr =
+      boost::asio::ip::make_address(endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host, ec);
   if (!ec) return addr;
   boost::asio::io_context lookup;
   boost::asio::ip::tcp::resolver resolver(lookup);
