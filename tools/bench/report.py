@@ -17,7 +17,8 @@ METRICS_HISTORY = (
     "calls/s 0.934, depth-1 p50 1.000; 2026-12-02 on 76903b1, after the binding (`ForMethod`: "
     "each method's counters found once, not by name per call): +278 / +231 (1.038 / 1.037), "
     "depth-32 calls/s 0.964, depth-1 p50 1.000; 2026-12-02 afternoon, after that day's first "
-    "cuts to the call: +269 / +227 (1.067 / 1.049), depth-32 calls/s 0.932, depth-1 p50 1.072. "
+    "cuts to the call: +269 / +227 (1.067 / 1.049), depth-32 calls/s 0.932, depth-1 p50 1.072; "
+    "2026-12-02 evening (after the poller): +352 / +228 (1.111 / 1.063), depth-32 calls/s 0.959. "
     "Since then the call itself got cheaper again (see \"CPU cost per call\"), so the same "
     "absolute cost of counting is a larger share of a call; the client's also grew by ~80 "
     "because a call without interceptors now skips the interceptor path's Status handling.")
@@ -65,7 +66,7 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '',
     'So 22-23% fewer instructions per call buy no measurable latency at depth 1 (the kernel\'s loopback and wake-ups dominate it), 12% more 1 MiB calls/s, and at depth 32 a median 7% fewer calls/s in this run (not a clear loss: the full run below, the same hour, measured 564,827 calls/s at depth 32 against 562,118 in the previous full run, and the same binary spread over 406-578 k calls/s in the metrics rounds). Over rdma:// in the VM, 80a1b4a\'s bench binary and the final one side by side in one boot (callgrind, 200 and 1,200 calls, events mode; the completion channel now also sits on the poller, 0a932c3): client 5,655 -> 5,090, server 5,888 -> 5,249.',
     '',
-    'The stream rows of the 2026-12-02 evening run (on 7ebfa71 + the failed-registration fix: TCP 64 KiB at 4,777 messages/s, 0.14x gRPC) were measured on a version of the poller that read a socket to EAGAIN in one go: a server stream\'s reader got to return window credit only once the socket was empty, and 64 KiB messages went stop-and-wait. Fixed right after (a read that fills its buffer continues from a posted handler, so that what it woke runs first); by hand, `rdmarpc_bench --stream --response-bytes 65536 --duration 2` against its own server, two rounds each: 80a1b4a 21,668 and 41,765 messages/s, the fix 42,263 and 44,832; 64 B: 3.67 M and 3.51 M against 3.57 M and 3.63 M. The next full run shows it in the table.']
+    'The stream rows of the 2026-12-02 evening run (on 7ebfa71 + the failed-registration fix: TCP 64 KiB at 4,777 messages/s, 0.14x gRPC) were measured on a version of the poller that read a socket to EAGAIN in one go: a server stream\'s reader got to return window credit only once the socket was empty, and 64 KiB messages went stop-and-wait. Fixed right after (a read that fills its buffer continues from a posted handler, so that what it woke runs first); by hand, `rdmarpc_bench --stream --response-bytes 65536 --duration 2` against its own server, two rounds each: 80a1b4a 21,668 and 41,765 messages/s, the fix 42,263 and 44,832; 64 B: 3.67 M and 3.51 M against 3.57 M and 3.63 M. The next full run (2026-12-02 night) measured 21,031 messages/s at 64 KiB (about half the by-hand figures; 8.4x the 2,491 of gRPC): the 64 KiB stream rate moves a lot from run to run on this machine (80a1b4a by hand: 21,668 and 41,765 in two rounds); not investigated further this session.']
 
 
 
@@ -248,13 +249,22 @@ def main():
       "reactor with an operation that never completes (`transport/poller.h`) and read and "
       "written with raw syscalls -- no operation, speculative recv, per-descriptor lock pair, "
       "scheduler trip or glibc cancellation wrapper per message -- and a server call moves once "
-      "instead of four times (2026-12-02 evening; client 4,028 -> 3,158, server 4,675 -> 3,604). "
+      "instead of four times (2026-12-02 evening; client 4,028 -> 3,158, server 4,675 -> 3,604); "
+      "then coroutines parked without a second frame (`rpc/internal/parked.h`: the runner "
+      "between calls and the caller awaiting its reply hand their awaitable thread to the "
+      "runtime instead of an async_initiate with use_awaitable), the transport counters "
+      "counted inline, one clock read per client call, the server's context built in place and "
+      "a finished job's sizes taken from what is known, and over rdma:// shared receives "
+      "reposted 32 at a time (2026-12-02 night; client 3,151 -> 2,914, server 3,604 -> 3,282 "
+      "by hand; over rdma:// in the VM, the session's start and end side by side in one boot: "
+      "client 5,350 -> 4,905, server 5,262 -> 4,792). "
       "What is left, from the profiles below: Asio's scheduler (its mutex, the task and "
-      "operation queues, epoll_wait: ~400 per side), protobuf parsing and serialization (~500 "
-      "per side), the coroutine frames and resumptions of the call path, and the runtime's own "
-      "bookkeeping (call table, contexts, in-flight counts, the budget check); over rdma:// also "
-      "the transport counters (an out-of-line function per count, ~110 per call) and "
-      "libibverbs/rxe's own work. The 2,500 target needs the scheduler off the path too (a loop "
+      "operation queues, epoll_wait: ~350 per side), protobuf parsing and serialization (~500 "
+      "per side, ~110 of it the flat-array parser's copy of the last 16 bytes), the coroutine "
+      "frames and resumptions of the call path (the client's call coroutine ~300), and the "
+      "runtime's own bookkeeping (call table, contexts, in-flight counts, the budget check); "
+      "over rdma:// also libibverbs/rxe's own work (a post per message, and in events mode a "
+      "re-arm and an event read per wake-up). The 2,500 target needs the scheduler off the path too (a loop "
       "of our own around the reactor, or the reactor's events run without the scheduler's "
       "queue); not done.")
     w("- Polling modes. Events mode (`--poll-spin-us 0`) pays a completion-channel wake-up per "
