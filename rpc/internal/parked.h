@@ -53,11 +53,12 @@ class Resumer {
 // `co_await Park(store)` suspends the calling coroutine (an asio::awaitable on an
 // any_io_executor) and passes its Resumer to `store(Resumer&&)`, which keeps it somewhere; the
 // co_await completes when that Resumer is called. `store` runs once the coroutine has suspended,
-// so it may hand the Resumer to anyone, even resume it at once.
+// so it may hand the Resumer to anyone; to resume it at once, post that (as Asio's handlers,
+// it is not meant to be resumed from inside the initiation).
 //
 // Why not async_initiate with use_awaitable: that builds a second coroutine frame for the
 // initiation (allocated, resumed, destroyed), then completes through a handler that pops it,
-// on every suspension: ~100 instructions per call on each side, client and server.
+// on every suspension: ~200 instructions per call on each side, client and server.
 // Unlike co_await on an awaitable, this does not throw when the coroutine's cancellation state
 // is already cancelled: the store function can tell (Resumer::cancelled_before) and act on it.
 template <class Store>
