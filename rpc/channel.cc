@@ -442,8 +442,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   asio::awaitable<Status> SendRequest(uint32_t index, const MethodInfo& method,
                                       const google::protobuf::MessageLite* request,
                                       const CallOptions& options,
-                                      std::chrono::steady_clock::time_point deadline,
-                                      std::chrono::steady_clock::time_point now = {}) {
+                                      std::chrono::steady_clock::time_point deadline) {
     Slot& slot = calls_[index];
     // Admission: a ready connection with room under the concurrency limit, else wait in order
     // (or fail at once when not connected, unless the caller asked to wait for readiness).
@@ -718,7 +717,7 @@ class ChannelCore final : public transport::ConnectionHandler,
   // `now`: the call's start when the caller has read the clock already (else the epoch, and
   // the clock is read here if needed).
   static Clock::time_point EffectiveDeadline(const CallOptions& options,
-                                             std::chrono::steady_clock::time_point now = {}) {
+                                             Clock::time_point now = {}) {
     auto deadline = options.deadline;
     if (options.timeout.count() > 0) {
       if (now == Clock::time_point{}) now = Clock::now();

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace rdmarpc::internal {
@@ -56,9 +57,12 @@ class CallTable {
     return &s;
   }
   // The slot of `index` and `generation` when it is still that use (active); else null.
-  Slot* Find(uint32_t index, uint32_t generation) const {
+  Slot* Find(uint32_t index, uint32_t generation) {
+    return const_cast<Slot*>(std::as_const(*this).Find(index, generation));
+  }
+  const Slot* Find(uint32_t index, uint32_t generation) const {
     if (index >= slots_.size()) return nullptr;
-    Slot& s = *slots_[index];
+    const Slot& s = *slots_[index];
     return s.active && s.generation == generation ? &s : nullptr;
   }
 
