@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -11,6 +12,9 @@
 namespace rdmarpc {
 
 class ServerContext;
+namespace internal {
+struct ContextAccess;  // the runtime's side: cancellation, byte counts (rpc/internal/dispatch.h)
+}
 
 // Options for one call. Copyable value; `{}` means no deadline and no metadata. (A new field
 // must also be copied where the channel copies options for its interceptors, in channel.cc.)
@@ -69,8 +73,6 @@ class ServerContext {
   // True once the caller cancelled the call (explicitly, or because its deadline passed). The
   // runtime also cancels what the handler is awaiting; no reply is delivered after this.
   bool cancelled() const { return cancelled_; }
-  // For the runtime (on a CANCEL frame).
-  void MarkCancelled() { cancelled_ = true; }
   // For server interceptors (rpc/interceptor.h): metadata the handler will see as if the caller
   // had sent it, e.g. the identity an authentication interceptor established.
   void AddMetadata(std::string key, std::string value) {
@@ -81,9 +83,6 @@ class ServerContext {
   // written and, when OnFinish runs, the reply about to go out.
   uint64_t bytes_received() const { return bytes_received_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
-  // For the runtime.
-  void CountReceived(uint64_t bytes) { bytes_received_ += bytes; }
-  void CountSent(uint64_t bytes) { bytes_sent_ += bytes; }
   // The first value for `key`, or nullptr.
   const std::string* FindMetadata(std::string_view key) const {
     for (const auto& [k, v] : metadata_) {
@@ -93,6 +92,7 @@ class ServerContext {
   }
 
  private:
+  friend struct internal::ContextAccess;
   static const std::string& EmptyPeer() {
     static const std::string empty;
     return empty;

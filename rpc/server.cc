@@ -664,7 +664,7 @@ class ServerConnection final : public transport::ConnectionHandler,
     // The context is built in the call (moving it in from here cost ~50 instructions per call).
     ServerCall call(shared_from_this(), f.header.call_id, bytes, peer_, entry->info.full_name,
                     deadline, std::move(md));
-    call.context().CountReceived(f.payload.size());
+    ContextAccess::CountReceived(call.context(), f.payload.size());
     const ServerInterceptors& interceptors = hosted.interceptors;
     for (size_t i = 0; i < interceptors.size(); ++i) {
       if (Status s = interceptors[i]->OnStart(call.context()); !s.ok()) {
@@ -718,7 +718,7 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
   }
   size_t cost = 0;
   if (!call_.sink()->SendStreamMessage(call_.call_id(), message, &cost, &error_)) co_return false;
-  call_.context().CountSent(cost - kFrameHeaderBytes);
+  ContextAccess::CountSent(call_.context(), cost - kFrameHeaderBytes);
   call_.hook().credit -= static_cast<int64_t>(cost);
   co_return true;
 }
@@ -741,7 +741,7 @@ asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
   const size_t cost = kFrameHeaderBytes + message.size();
   in.buffered -= cost;
   call_.sink()->StreamMessageTaken(call_.call_id(), in, cost);
-  call_.context().CountReceived(message.size());
+  ContextAccess::CountReceived(call_.context(), message.size());
   if (!out.ParseFromString(message)) {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());

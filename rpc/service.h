@@ -1,33 +1,25 @@
-// What generated code builds on: method ids, method tables, the Service base class and the
-// handler template that runs one unary call. Users rarely include this directly; generated
-// headers do.
+// What generated code builds on: method ids, method tables, the Service base class, the stream
+// handles a streaming handler gets, and the handler templates that run one call of each kind.
+// Users rarely include this directly; generated headers do. The plumbing the templates run on
+// (the call's handle, its job, the connection's side) is internal: rpc/internal/dispatch.h.
 #pragma once
 
 #include <google/protobuf/message_lite.h>
 
-#include <algorithm>
-#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
-#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>  // for users of generated code, as before
 #include <boost/asio/detached.hpp>
-#include <boost/asio/post.hpp>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "rpc/context.h"
-#include "rpc/interceptor.h"
-#include "rpc/internal/frame.h"  // kStreamWindowBytes
+#include "rpc/internal/dispatch.h"  // the call plumbing the handler templates run on
 #include "rpc/method_id.h"
 #include "rpc/status.h"
-#include "transport/transport.h"
 
 namespace rdmarpc {
 
@@ -48,252 +40,12 @@ struct MethodInfo {
   MethodKind kind = MethodKind::kUnary;
 };
 
-namespace internal {
-// Client streams on the server: the messages the caller sent that the handler has not read yet
-// (at most kStreamWindowBytes of frames, plus one message), and the handler's Read waiting.
-struct StreamInbox {
-  std::deque<std::string> messages;
-  uint64_t buffered = 0;    // frame bytes of `messages`
-  uint64_t unreported = 0;  // frame bytes read since the last WINDOW sent to the caller
-  bool ended = false;       // the caller half-closed: nothing more comes
-  boost::asio::any_completion_handler<void()> reader;
-};
-
-// A running call its connection can cancel: a node of the connection's intrusive list (no
-// allocation; it lives in the call's own state). Touched only on the connection's thread.
-struct CancelHook {
-  uint64_t call_id = 0;
-  ServerContext* context = nullptr;
-  boost::asio::cancellation_signal* signal = nullptr;
-  CancelHook* prev = nullptr;
-  CancelHook* next = nullptr;
-
-  // Streams (any kind): found by call id for their WINDOW and STREAM_MESSAGE frames.
-  bool streaming = false;
-  // Server streams: the bytes the caller still lets us send (see kStreamWindowBytes; negative
-  // after a message larger than what was left), and the writer waiting for more.
-  int64_t credit = 0;
-  boost::asio::any_completion_handler<void()> credit_waiter;
-  // The connection's executor, where waiters resume (streams only). A pointer: the call holds
-  // its connection, which owns the executor, and copying an any_io_executor into every call's
-  // hook (then moving and destroying it with the call) cost ~60 instructions per call.
-  const transport::Executor* executor = nullptr;
-  StreamInbox* inbox = nullptr;  // client streams: what the caller sent
-
-  // Marks the call cancelled and cancels what its handler awaits; once only.
-  void Cancel() {
-    if (context->cancelled()) return;
-    context->MarkCancelled();
-    signal->emit(boost::asio::cancellation_type::terminal);
-    WakeWriter();
-    WakeReader();
-  }
-
-  // A WINDOW frame: the caller read `bytes` more of the stream.
-  void AddCredit(uint64_t bytes) {
-    credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
-    WakeWriter();
-  }
-
-  // Resumes a writer waiting for credit (posted: never inside the frame that caused it).
-  void WakeWriter() {
-    if (!credit_waiter) return;
-    boost::asio::any_completion_handler<void()> h;
-    h.swap(credit_waiter);  // swap: Boost 1.81's move-assignment recurses
-    boost::asio::post(*executor, [h = std::move(h)]() mutable { std::move(h)(); });
-  }
-
-  // Resumes a Read waiting for the caller's next message (posted, as above).
-  void WakeReader() {
-    if (!inbox || !inbox->reader) return;
-    boost::asio::any_completion_handler<void()> h;
-    h.swap(inbox->reader);
-    boost::asio::post(*executor, [h = std::move(h)]() mutable { std::move(h)(); });
-  }
-};
-
-// A parsed call ready to run: the user's handler, its request and reply, and its ServerCall.
-class CallJob {
- public:
-  virtual ~CallJob() = default;
-  // Makes the call cancellable through `cancel` and returns the user's handler, not started yet.
-  // The runner awaits it in its own coroutine (a wrapper coroutine here would cost a frame and
-  // a resumption per call), turns what it throws into INTERNAL and passes the Status to Finish.
-  virtual boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) = 0;
-  // Finishes the call with `status`, the handler's. Called once, after Begin's handler is done.
-  virtual void Finish(Status status) = 0;
-  // Disposes of the job once its call is over (CallJobPtr's deleter): deletes it, or keeps it
-  // for a later call (unary jobs, see UnaryMethodHandler).
-  virtual void Recycle() { delete this; }
-};
-struct RecycleCallJob {
-  void operator()(CallJob* job) const { job->Recycle(); }
-};
-using CallJobPtr = std::unique_ptr<CallJob, RecycleCallJob>;
-
-// Implemented by the server's connection: where a call runs and its response goes.
-class CallSink {
- public:
-  // Runs `job` on the connection's thread, starting now (it runs until its handler first
-  // suspends, inside this call); the job is destroyed once the call is finished.
-  virtual void Run(CallJobPtr job) = 0;
-  virtual ~CallSink() = default;
-  // Sends the response (reply when status is OK; when `deliver` is false because the caller
-  // cancelled, only a CANCELLED acknowledgement, so that both ends stop counting the call at the
-  // same moment) and releases the call's in-flight slot and the `request_bytes` it was charged.
-  // Called once per call, on the connection's thread. True when `reply` was serialized (its
-  // cached size is then current).
-  virtual bool FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
-                          const google::protobuf::MessageLite* reply, bool deliver) = 0;
-  virtual void Track(CancelHook* hook) = 0;
-  virtual void Untrack(CancelHook* hook) = 0;
-  // Server streams: sends one message of call `call_id`'s stream and says what it cost in
-  // stream credit. False when it cannot go: the connection is gone (stream over, `error`
-  // untouched) or the message is over the limit (`error` says so).
-  virtual bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
-                                 size_t* cost, Status* error) = 0;
-  // Client streams: the handler took `bytes` (frame bytes) out of `inbox`: they no longer count
-  // against the connection's memory budget, and the caller is sent WINDOW when half a window
-  // has been read.
-  virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) = 0;
-  virtual const transport::Executor& executor() const = 0;
-};
-}  // namespace internal
-
-// One in-flight server call: move-only handle that must be finished once. If it is dropped
-// unfinished (the server is tearing down), the caller gets UNAVAILABLE.
-class ServerCall {
- public:
-  // `request_bytes`: the request's size, charged to the connection's memory budget until the
-  // call finishes.
-  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, size_t request_bytes,
-             ServerContext context)
-      : sink_(std::move(sink)),
-        call_id_(call_id),
-        request_bytes_(request_bytes),
-        context_(std::move(context)) {}
-  // The same, with the context built in place from its parts (see ServerContext).
-  ServerCall(std::shared_ptr<internal::CallSink> sink, uint64_t call_id, size_t request_bytes,
-             std::shared_ptr<const std::string> peer, std::string_view method,
-             std::chrono::steady_clock::time_point deadline, Metadata metadata)
-      : sink_(std::move(sink)),
-        call_id_(call_id),
-        request_bytes_(request_bytes),
-        context_(std::move(peer), method, deadline, std::move(metadata)) {}
-  ServerCall(ServerCall&&) = default;
-  ServerCall& operator=(ServerCall&&) = delete;
-  ~ServerCall() {
-    // Moved-from and finished calls have no sink: no Status (and its string) to build for them.
-    if (sink_) Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
-  }
-
-  ServerContext& context() { return context_; }
-  const transport::Executor& executor() const { return sink_->executor(); }
-  uint64_t call_id() const { return call_id_; }
-  internal::CancelHook& hook() { return hook_; }
-  // Where the call runs (for the handler template); null once finished.
-  internal::CallSink* sink() const { return sink_.get(); }
-
-  // Makes the call cancellable by the caller: a CANCEL frame marks context() cancelled and
-  // emits `signal` (terminal), which cancels whatever the handler is awaiting. Call once the
-  // ServerCall has its final address.
-  void TrackCancellation(boost::asio::cancellation_signal* signal) {
-    hook_.call_id = call_id_;
-    hook_.context = &context_;
-    hook_.signal = signal;
-    sink_->Track(&hook_);
-    tracked_ = true;
-  }
-
-  // For streaming calls, instead of TrackCancellation: also makes the call's stream frames
-  // reach it. `inbox` is null for server streams (the caller sends no messages).
-  void TrackStream(boost::asio::cancellation_signal* signal, internal::StreamInbox* inbox) {
-    hook_.streaming = true;
-    hook_.credit = static_cast<int64_t>(kStreamWindowBytes);
-    hook_.executor = &executor();
-    hook_.inbox = inbox;
-    TrackCancellation(signal);
-  }
-
-  // Server interceptors to tell when the call ends (OnFinish, in reverse order), and when they
-  // let it start. Set by the server only when it has interceptors; the list outlives the call.
-  void SetInterceptors(const ServerInterceptors* interceptors,
-                       std::chrono::steady_clock::time_point started) {
-    interceptors_ = interceptors;
-    started_ = started;
-  }
-
-  // Ends the call with `status` (and `reply`, sent when the status is OK). Once; later calls do
-  // nothing. True when `reply` was serialized, so that its GetCachedSize() is current.
-  bool Finish(const Status& status, const google::protobuf::MessageLite* reply) {
-    auto sink = std::move(sink_);
-    if (!sink) return false;
-    if (interceptors_) {
-      // The Status is only built (and its text allocated) for a cancelled call.
-      std::optional<Status> cancelled;
-      if (context_.cancelled())
-        cancelled.emplace(StatusCode::kCancelled, "cancelled by the caller");
-      const Status& seen = cancelled ? *cancelled : status;
-      const auto elapsed = std::chrono::steady_clock::now() - started_;
-      if (reply && status.ok() && !cancelled) context_.CountSent(reply->ByteSizeLong());
-      for (auto it = interceptors_->rbegin(); it != interceptors_->rend(); ++it) {
-        (*it)->OnFinish(context_, seen, elapsed);
-      }
-    }
-    if (tracked_) sink->Untrack(&hook_);
-    tracked_ = false;
-    // Messages the handler left unread stop counting against the connection with the call.
-    size_t held = request_bytes_;
-    if (hook_.inbox) {
-      held += hook_.inbox->buffered;
-      hook_.inbox->buffered = 0;
-      hook_.inbox->messages.clear();
-    }
-    // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.
-    return sink->FinishCall(call_id_, held, status, reply, !context_.cancelled());
-  }
-
- private:
-  std::shared_ptr<internal::CallSink> sink_;
-  uint64_t call_id_;
-  size_t request_bytes_;
-  ServerContext context_;
-  internal::CancelHook hook_;
-  bool tracked_ = false;
-  const ServerInterceptors* interceptors_ = nullptr;
-  std::chrono::steady_clock::time_point started_;
-};
-
-namespace internal {
-// The non-template half of the server's stream handles (server.cc).
-class ServerStream {
- public:
-  explicit ServerStream(ServerCall& call) : call_(call) {}
-  boost::asio::awaitable<bool> Write(const google::protobuf::MessageLite& message);
-  // The caller's next message into `out`; false at the end (see ServerReader::Read).
-  boost::asio::awaitable<bool> Read(google::protobuf::MessageLite& out);
-  template <class Req>
-  boost::asio::awaitable<std::optional<Req>> ReadAs() {
-    Req message;
-    if (co_await Read(message)) co_return std::optional<Req>(std::move(message));
-    co_return std::nullopt;
-  }
-  // Set when a message could not be sent or read for a reason of its own (too large, does not
-  // parse): the call ends with it, whatever the handler returns.
-  const Status& error() const { return error_; }
-
- private:
-  ServerCall& call_;
-  Status error_;
-};
-}  // namespace internal
-
 // The sending end of a server stream, handed to a server-streaming method's handler. Owned by
 // the call; valid until the handler returns. Use from the handler's coroutine only.
 template <class Resp>
 class ServerWriter {
  public:
-  explicit ServerWriter(ServerCall& call) : stream_(call) {}
+  explicit ServerWriter(internal::ServerCall& call) : stream_(call) {}
   ServerWriter(const ServerWriter&) = delete;
   ServerWriter& operator=(const ServerWriter&) = delete;
 
@@ -315,7 +67,7 @@ class ServerWriter {
 template <class Req>
 class ServerReader {
  public:
-  explicit ServerReader(ServerCall& call) : stream_(call) {}
+  explicit ServerReader(internal::ServerCall& call) : stream_(call) {}
   ServerReader(const ServerReader&) = delete;
   ServerReader& operator=(const ServerReader&) = delete;
 
@@ -338,7 +90,7 @@ class ServerReader {
 template <class Req, class Resp>
 class ServerReaderWriter {
  public:
-  explicit ServerReaderWriter(ServerCall& call) : stream_(call) {}
+  explicit ServerReaderWriter(internal::ServerCall& call) : stream_(call) {}
   ServerReaderWriter(const ServerReaderWriter&) = delete;
   ServerReaderWriter& operator=(const ServerReaderWriter&) = delete;
 
@@ -361,7 +113,7 @@ class MethodHandler {
  public:
   // Takes `call` over (moved from once, into the call's job). `payload` is valid only during
   // this call.
-  virtual void Start(Service& service, ServerCall&& call,
+  virtual void Start(Service& service, internal::ServerCall&& call,
                      std::span<const std::byte> payload) const = 0;
 
  protected:
@@ -384,39 +136,6 @@ class Service {
   virtual std::span<const MethodEntry> rdmarpc_methods() const = 0;
 };
 
-namespace internal {
-// Runs the job on its call's connection.
-template <class Job>
-void RunJob(std::unique_ptr<Job> job) {
-  CallSink* sink = job->call.sink();
-  sink->Run(CallJobPtr(job.release()));
-}
-
-// Parses `payload` into `request`; when it does not parse, finishes `call` with
-// INVALID_ARGUMENT and returns false.
-inline bool ParseRequest(google::protobuf::MessageLite& request, std::span<const std::byte> payload,
-                         ServerCall& call) {
-  if (request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) return true;
-  call.Finish(
-      Status(StatusCode::kInvalidArgument, "request does not parse as " + request.GetTypeName()),
-      nullptr);
-  return false;
-}
-
-// Parses `payload` into the job's request and runs the job on its connection, or finishes the
-// call with INVALID_ARGUMENT when the request does not parse.
-template <class Job>
-void ParseAndRun(std::unique_ptr<Job> job, std::span<const std::byte> payload) {
-  if (ParseRequest(job->request, payload, job->call)) RunJob(std::move(job));
-}
-
-// A stream's Status: a stream error (a message too large, one that does not parse) wins over
-// whatever the handler returned.
-inline Status StreamStatus(Status handler_status, const Status& stream_error) {
-  return stream_error.ok() ? std::move(handler_status) : stream_error;
-}
-}  // namespace internal
-
 // The handler of a unary method with request Req and reply Resp. A generated constant.
 template <class Req, class Resp>
 class UnaryMethodHandler final : public MethodHandler {
@@ -424,7 +143,7 @@ class UnaryMethodHandler final : public MethodHandler {
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&, Resp&);
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall&& call,
+  void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte> payload) const override {
     internal::CallJobPtr job(Job::Make(invoke_, service, std::move(call)));
     Job& j = static_cast<Job&>(*job);
@@ -445,7 +164,7 @@ class UnaryMethodHandler final : public MethodHandler {
     static constexpr size_t kKeep = 32;
     static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
 
-    static Job* Make(Invoker i, Service& s, ServerCall&& c) {
+    static Job* Make(Invoker i, Service& s, internal::ServerCall&& c) {
       Job* j = nullptr;
       if (!pool_gone) {
         std::vector<Job*>& kept = ThreadPool().jobs;
@@ -488,7 +207,7 @@ class UnaryMethodHandler final : public MethodHandler {
 
     Invoker invoke = nullptr;
     Service* service = nullptr;
-    std::optional<ServerCall> call;
+    std::optional<internal::ServerCall> call;
     Req request;
     Resp reply;
     size_t request_bytes = 0;  // the request's serialized size
@@ -523,14 +242,14 @@ class ServerStreamingMethodHandler final : public MethodHandler {
                                                      ServerWriter<Resp>&);
   explicit constexpr ServerStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall&& call,
+  void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte> payload) const override {
     internal::ParseAndRun(std::make_unique<Job>(invoke_, service, std::move(call)), payload);
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall&& c)
+    Job(Invoker i, Service& s, internal::ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), writer(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, nullptr);
@@ -541,7 +260,7 @@ class ServerStreamingMethodHandler final : public MethodHandler {
     }
     Invoker invoke;
     Service& service;
-    ServerCall call;
+    internal::ServerCall call;
     ServerWriter<Resp> writer;  // after call: refers to it
     Req request;
   };
@@ -559,13 +278,14 @@ class ClientStreamingMethodHandler final : public MethodHandler {
                                                      Resp&);
   explicit constexpr ClientStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall&& call, std::span<const std::byte>) const override {
+  void Start(Service& service, internal::ServerCall&& call,
+             std::span<const std::byte>) const override {
     internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall&& c)
+    Job(Invoker i, Service& s, internal::ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), reader(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
@@ -577,7 +297,7 @@ class ClientStreamingMethodHandler final : public MethodHandler {
     }
     Invoker invoke;
     Service& service;
-    ServerCall call;
+    internal::ServerCall call;
     internal::StreamInbox inbox;
     ServerReader<Req> reader;  // after call: refers to it
     Resp reply;
@@ -595,13 +315,14 @@ class BidiStreamingMethodHandler final : public MethodHandler {
                                                      ServerReaderWriter<Req, Resp>&);
   explicit constexpr BidiStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
 
-  void Start(Service& service, ServerCall&& call, std::span<const std::byte>) const override {
+  void Start(Service& service, internal::ServerCall&& call,
+             std::span<const std::byte>) const override {
     internal::RunJob(std::make_unique<Job>(invoke_, service, std::move(call)));
   }
 
  private:
   struct Job final : internal::CallJob {
-    Job(Invoker i, Service& s, ServerCall&& c)
+    Job(Invoker i, Service& s, internal::ServerCall&& c)
         : invoke(i), service(s), call(std::move(c)), stream(call) {}
     boost::asio::awaitable<Status> Begin(boost::asio::cancellation_signal* cancel) override {
       call.TrackStream(cancel, &inbox);
@@ -612,7 +333,7 @@ class BidiStreamingMethodHandler final : public MethodHandler {
     }
     Invoker invoke;
     Service& service;
-    ServerCall call;
+    internal::ServerCall call;
     internal::StreamInbox inbox;
     ServerReaderWriter<Req, Resp> stream;  // after call: refers to it
   };

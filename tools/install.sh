@@ -48,7 +48,7 @@ trap 'rm -rf "$tmp"' EXIT
     transport/libinproc.a transport/libinterface.a transport/libpoller.a \
     transport/libacceptor.a rpc/libhealth.a \
     rpc/libhealth_proto.a \
-    rpc/libsecret_file.a rpc/internal/libwire.a; do
+    rpc/libsecret_file.a rpc/libcall_types.a rpc/internal/libwire.a; do
     echo "ADDLIB $bin/$lib"
   done
   echo "SAVE"
