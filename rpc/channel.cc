@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
-#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
@@ -14,7 +12,6 @@
 #include <deque>
 #include <future>
 #include <optional>
-#include <random>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -24,6 +21,7 @@
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
+#include "rpc/internal/reconnector.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {
@@ -43,6 +41,7 @@ Status ConnectError(const transport::Error& e) {
 // a slot that has since been reused is recognised and dropped. Slots are reused, so a steady
 // state of calls allocates nothing here.
 class ChannelCore final : public transport::ConnectionHandler,
+                          public ReconnectListener,
                           public std::enable_shared_from_this<ChannelCore> {
  public:
   // kHandshaking: connected, waiting for the server's SETTINGS. kDraining: the server sent GOAWAY;
@@ -57,10 +56,8 @@ class ChannelCore final : public transport::ConnectionHandler,
         options_(std::move(options)),
         keepalive_(executor_),
         handshake_timer_(executor_),
-        reconnect_timer_(executor_),
-        rng_(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this))) {
-    backoff_ = options_.reconnect_backoff_initial;
-  }
+        reconnector_(executor_, target_, options_.transport, options_.reconnect_backoff_initial,
+                     options_.reconnect_backoff_max) {}
 
   const transport::Executor& executor() const { return executor_; }
 
@@ -584,7 +581,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (before == State::kReady || before == State::kDraining) {
       ScheduleReconnect(std::chrono::milliseconds(0));  // it worked a moment ago: try at once
     } else {
-      ScheduleReconnect(NextBackoff());
+      ScheduleReconnect(reconnector_.NextBackoff());
     }
   }
 
@@ -593,8 +590,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     if (state_ == State::kShutdown) return;
     state_ = State::kShutdown;
     last_error_ = Status(StatusCode::kUnavailable, "channel to " + target_ + " was closed");
-    reconnect_timer_.cancel();
-    if (auto cancel = reconnect_cancel_.lock()) cancel->emit(asio::cancellation_type::terminal);
+    reconnector_.Cancel();
     WakeWaiters();
     if (conn_) conn_->Close();
   }
@@ -1078,7 +1074,7 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
     handshake_timer_.cancel();
     state_ = State::kReady;
-    backoff_ = options_.reconnect_backoff_initial;
+    reconnector_.ResetBackoff();
     last_error_ = Status();
     std::weak_ptr<ChannelCore> weak = weak_from_this();
     keepalive_.Start(
@@ -1165,63 +1161,26 @@ class ChannelCore final : public transport::ConnectionHandler,
     }
   }
 
-  std::chrono::milliseconds NextBackoff() {
-    // +-20% jitter so that many clients of one restarted server do not reconnect in lockstep.
-    std::uniform_real_distribution<double> jitter(0.8, 1.2);
-    const auto delay = std::chrono::milliseconds(
-        static_cast<int64_t>(static_cast<double>(backoff_.count()) * jitter(rng_)));
-    backoff_ = std::min(options_.reconnect_backoff_max,
-                        std::chrono::milliseconds(static_cast<int64_t>(backoff_.count() * 1.6)));
-    return delay;
-  }
-
   void ScheduleReconnect(std::chrono::milliseconds delay) {
-    reconnect_timer_.expires_after(delay);
-    std::weak_ptr<ChannelCore> weak = shared_from_this();
-    reconnect_timer_.async_wait([weak](boost::system::error_code ec) {
-      auto self = weak.lock();
-      if (ec || !self || self->state_ != State::kDown) return;
-      // Close() cancels an attempt in progress, so that a closed channel does not keep its event
-      // loop busy until the connect timeout (a frozen server took 5 s to give up on). The
-      // completion handler owns the signal: it must outlive the coroutine's completion.
-      auto cancel = std::make_shared<asio::cancellation_signal>();
-      self->reconnect_cancel_ = cancel;
-      asio::co_spawn(
-          self->executor_, Reconnect(weak),
-          asio::bind_cancellation_slot(cancel->slot(), [cancel](const std::exception_ptr&) {}));
-    });
+    reconnector_.Schedule(weak_from_this(), delay);
   }
 
-  static asio::awaitable<void> Reconnect(std::weak_ptr<ChannelCore> weak) {
-    std::string target;
-    transport::Executor ex;
-    transport::Options options;
-    {
-      auto self = weak.lock();
-      if (!self) co_return;
-      target = self->target_;
-      ex = self->executor_;
-      options = self->options_.transport;
+  // ReconnectListener: attempts go on while the channel is down (not closed, not connecting).
+  bool WantsConnection() const override { return state_ == State::kDown; }
+
+  void OnReconnected(std::shared_ptr<transport::Connection> conn) override {
+    spdlog::info("channel {}: reconnected", target_);
+    Adopt(std::move(conn));
+  }
+
+  void OnReconnectFailed(const transport::Error& error) override {
+    last_error_ = ConnectError(error);
+    spdlog::debug("channel {}: reconnect failed: {}", target_, error.message);
+    if (on_demand_) {
+      // The calls that woke the channel from idle learn now; later ones fail fast as usual.
+      on_demand_ = false;
+      WakeWaiters();
     }
-    auto conn = co_await transport::Connect(target, ex, options);
-    auto self = weak.lock();
-    if (!self || self->state_ != State::kDown) {
-      if (conn.ok()) conn.value()->Close();
-      co_return;
-    }
-    if (!conn.ok()) {
-      self->last_error_ = ConnectError(conn.error());
-      spdlog::debug("channel {}: reconnect failed: {}", target, conn.error().message);
-      if (self->on_demand_) {
-        // The calls that woke the channel from idle learn now; later ones fail fast as usual.
-        self->on_demand_ = false;
-        self->WakeWaiters();
-      }
-      self->ScheduleReconnect(self->NextBackoff());
-      co_return;
-    }
-    spdlog::info("channel {}: reconnected", target);
-    self->Adopt(std::move(conn.value()));
   }
 
   std::string target_;
@@ -1241,13 +1200,10 @@ class ChannelCore final : public transport::ConnectionHandler,
   Keepalive keepalive_;
   uint64_t pings_ = 0;
   asio::steady_timer handshake_timer_;
-  asio::steady_timer first_ready_{executor_};  // Channel::Connect waits on it for SETTINGS
-  asio::steady_timer reconnect_timer_;
+  Reconnector reconnector_;
+  asio::steady_timer first_ready_{executor_};     // Channel::Connect waits on it for SETTINGS
   asio::steady_timer deadline_timer_{executor_};  // for the earliest deadline of a suspended call
   Clock::time_point deadline_armed_ = Clock::time_point::max();
-  std::weak_ptr<asio::cancellation_signal> reconnect_cancel_;  // of the attempt in progress
-  std::chrono::milliseconds backoff_;
-  std::minstd_rand rng_;
   CallTable<Slot> calls_;
   // InterceptorsFor's answers, by method id; grows by the methods this channel calls.
   struct BoundMethod {
