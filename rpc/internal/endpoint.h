@@ -1,0 +1,74 @@
+// Internal: what both ends of an RPC connection do alike -- ChannelCore on the client,
+// ServerConnection on the server. Each owns its transport connection, watches the peer with
+// keepalive PINGs, and takes every message apart the same way before its role sees it: the peer
+// is alive (the keepalive hears it), the frame decodes (if not, the role decides what that
+// costs: the client drops the connection, the server lets the calls already running finish).
+// CRTP, not virtual: OnMessage is on every call's path. Use only on the connection's executor.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "rpc/internal/frame.h"
+#include "rpc/internal/frame_writer.h"
+#include "rpc/internal/keepalive.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::internal {
+
+// Role implements OnFrame(const DecodedFrame&, size_t message_bytes) and
+// OnMalformedFrame(const std::string& why), reachable from this class.
+template <class Role>
+class FrameEndpoint : public transport::ConnectionHandler {
+ public:
+  void OnMessage(std::span<const std::byte> message) final {
+    keepalive_.Heard();
+    DecodedFrame f;
+    if (std::string err = DecodeFrame(message, &f); !err.empty()) {
+      static_cast<Role*>(this)->OnMalformedFrame(err);
+      return;
+    }
+    static_cast<Role*>(this)->OnFrame(f, message.size());
+  }
+
+ protected:
+  FrameEndpoint(const transport::Executor& ex, std::shared_ptr<transport::Connection> conn)
+      : conn_(std::move(conn)), keepalive_(ex) {}
+  ~FrameEndpoint() override = default;
+
+  // Watches the peer (nothing when `interval` is zero): a PING once it has been quiet for
+  // `interval`; `on_dead(role, why)` once, when nothing at all came for `timeout` after one.
+  // `self` points at the role itself; nothing happens once it is gone.
+  void WatchPeer(std::weak_ptr<Role> self, std::chrono::milliseconds interval,
+                 std::chrono::milliseconds timeout,
+                 std::function<void(Role&, std::string)> on_dead) {
+    keepalive_.Start(
+        self, interval, timeout,
+        [self] {
+          auto role = self.lock();
+          if (!role) return;
+          FrameEndpoint& me = *role;
+          if (me.conn_) SendPing(*me.conn_, ++me.pings_);
+        },
+        [self, on_dead = std::move(on_dead)](std::string why) {
+          if (auto role = self.lock()) on_dead(*role, std::move(why));
+        });
+  }
+
+  // The peer's PING: answered at once (both ends may send them).
+  void AnswerPing(const DecodedFrame& f) {
+    if (conn_) SendPong(*conn_, f.header.call_id);
+  }
+
+  std::shared_ptr<transport::Connection> conn_;  // null once closed (or not yet connected)
+  Keepalive keepalive_;
+
+ private:
+  uint64_t pings_ = 0;  // PINGs sent, numbered
+};
+
+}  // namespace rdmarpc::internal
