@@ -1,6 +1,7 @@
 // The RPC protocol under faults injected at an exact frame, over the in-process transport
 // (transport/inproc/): a lost request, a reply that comes back after its call gave up, a
-// connection that breaks under a call, a client whose keepalive answers are lost. Each case
+// connection that breaks under a call, a client (or a server) whose keepalive answers are lost,
+// admission at the server's limit, a call crossing GOAWAY, an idle close. Each case
 // says which frame the fault hits and waits on what the protocol does about it, not on sleeps.
 // The same behaviours over tcp:// and rdma:// are in reliability_test and rpc_integration_test.
 #include <catch2/catch.hpp>
@@ -266,4 +267,67 @@ TEST_CASE("a call that crosses the server's GOAWAY fails with UNAVAILABLE; runni
   sleeper.join();
   stopper.join();
   CHECK(running.ok());  // the call that was running when shutdown began finished normally
+}
+
+TEST_CASE("client keepalive takes a server whose answers are lost for dead; the channel reconnects",
+          "[inproc][faults][keepalive]") {
+  TestServer ts("inproc://client-keepalive:0", ServerOptions{.io_threads = 1});
+  std::atomic<bool> losing{true};
+  std::atomic<int> pongs_lost{0};
+  Faults faults("client-keepalive", [&](Direction d, std::span<const std::byte> m) {
+    if (losing && d == Direction::kToClient && TypeOf(m) == FrameType::kPong) {
+      ++pongs_lost;
+      return Fault::kDrop;  // the server hears the client's pings; its answers never arrive
+    }
+    return Fault::kDeliver;
+  });
+  ChannelOptions co;
+  co.keepalive_interval = 100ms;
+  co.keepalive_timeout = 300ms;
+  co.reconnect_backoff_initial = 20ms;
+  auto ch = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  SleepRequest req;
+  req.set_ms(60'000);  // the server says nothing while it runs
+  auto r = stub.Sleep(req, {.timeout = 30s});
+  // The channel gave up on the silent server: the call failed at once, saying why...
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(r.status().message(), Catch::Contains("keepalive"));
+  CHECK(pongs_lost >= 1);
+  // ...and closed the connection, so the server cancelled the handler working for it.
+  CHECK(Eventually([&] { return ts.service.cancelled_seen.load() == 1; }, 5000ms));
+  losing = false;
+  auto again = stub.Echo(Payload("again"), {.timeout = 10s, .wait_for_ready = true});
+  REQUIRE(again.ok());
+  CHECK(again->payload() == "again");
+}
+
+TEST_CASE("a connection the server closed for being idle is opened again by the next call",
+          "[inproc][faults][idle]") {
+  ServerOptions so{.io_threads = 1};
+  so.idle_timeout = 200ms;
+  TestServer ts("inproc://idle:0", so);
+  std::atomic<int> idle_goaways{0};
+  Faults faults("idle", [&](Direction d, std::span<const std::byte> m) {
+    DecodedFrame f;
+    if (d == Direction::kToClient && DecodeFrame(m, &f).empty() &&
+        f.header.type == FrameType::kGoAway && (f.header.flags & kGoAwayFlagIdle) != 0) {
+      ++idle_goaways;
+    }
+    return Fault::kDeliver;
+  });
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  REQUIRE(stub.Echo(Payload("first")).ok());
+  // The server says GOAWAY (flagged idle) and closes; the channel waits for a call to need it.
+  REQUIRE(
+      Eventually([&] { return idle_goaways.load() == 1 && ts.server.connections() == 0; }, 5000ms));
+  // Not an error for the caller: a call without wait_for_ready connects again and is served.
+  auto next = stub.Echo(Payload("next"), {.timeout = 5s});
+  REQUIRE(next.ok());
+  CHECK(next->payload() == "next");
+  CHECK(Eventually([&] { return ts.server.connections() == 1; }, 5000ms));
+  CHECK(idle_goaways.load() == 1);
 }
