@@ -5,6 +5,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -56,6 +57,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         target_(std::move(target)),
         executor_(std::move(ex)),
         options_(std::move(options)),
+        io_executor_(executor_.target<asio::io_context::executor_type>()),
         handshake_timer_(executor_),
         reconnector_(executor_, target_, options_.transport, options_.reconnect_backoff_initial,
                      options_.reconnect_backoff_max) {}
@@ -103,8 +105,16 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                                const CallOptions& caller_options) {
     // Channel::Call's awaitable is this coroutine itself (a wrapper would cost a second frame
     // per call, and with it a trip to malloc: Asio keeps only two frames per thread for reuse).
-    const auto current = co_await asio::this_coro::executor;
-    if (current != executor_) {
+    // On the channel's thread already? For a channel on an io_context's own executor (ours, and
+    // the usual case) a thread-local look-up; copying the caller's executor out of its frame
+    // and comparing it with the channel's cost ~40 instructions per call.
+    bool here;
+    if (io_executor_) {
+      here = io_executor_->running_in_this_thread();
+    } else {
+      here = (co_await asio::this_coro::executor) == executor_;
+    }
+    if (!here) {
       // Hop to the channel's thread and back; the caller stays suspended meanwhile, so request
       // and reply are touched by one thread at a time.
       co_return co_await asio::co_spawn(executor_, Call(method, request, reply, caller_options),
@@ -1180,6 +1190,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   std::string target_;
   transport::Executor executor_;
   ChannelOptions options_;
+  // executor_'s io_context executor, when it is one (else null): see Call.
+  const asio::io_context::executor_type* io_executor_;
   State state_ = State::kDown;
   bool started_ = false;
   Status last_error_;

@@ -12,6 +12,7 @@
 #include <boost/asio/write.hpp>
 #include <catch2/catch.hpp>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -156,21 +157,36 @@ TEST_CASE("a caller resumed by its reply may drop its channel, throw, or live on
     ioc.run_for(2s);
   }
   SECTION("a caller on another io_context: the call hops to the channel's thread and back") {
-    auto ch = Channel::ConnectBlocking(ts.uri);
+    // Where the channel's side of each call runs: its interceptors run there.
+    struct Where final : ClientInterceptor {
+      Status OnStart(const MethodInfo&, CallOptions&) override {
+        threads.insert(std::this_thread::get_id());
+        return Status();
+      }
+      std::set<std::thread::id> threads;  // touched on the channel's thread only
+    };
+    auto where = std::make_shared<Where>();
+    ChannelOptions co;
+    co.interceptors.push_back(where);
+    auto ch = Channel::ConnectBlocking(ts.uri, co);
     REQUIRE(ch.ok());
+    const auto caller = std::make_shared<std::thread::id>();
     int good = RunLoop([&]() -> asio::awaitable<int> {
       TestService::Stub stub(*ch);
-      const auto caller = std::this_thread::get_id();
+      *caller = std::this_thread::get_id();
       int n = 0;
       for (int i = 0; i < 100; ++i) {
         EchoRequest req;
         req.set_seq(i);
         auto r = co_await stub.Echo(req);
-        if (r.ok() && r->seq() == uint64_t(i) && std::this_thread::get_id() == caller) ++n;
+        if (r.ok() && r->seq() == uint64_t(i) && std::this_thread::get_id() == *caller) ++n;
       }
       co_return n;
     }());
     CHECK(good == 100);
+    ch->reset();  // the channel's thread is done with `where` once the channel is gone
+    REQUIRE(where->threads.size() == 1);        // one thread: the channel's own...
+    CHECK(*where->threads.begin() != *caller);  // ...not the caller's
   }
 }
 
