@@ -11,7 +11,8 @@ constexpr auto kDrainLimit = std::chrono::milliseconds(200);
 }  // namespace
 
 EventLoopThread::EventLoopThread(bool start)
-    : ioc_(std::make_unique<boost::asio::io_context>(1)), work_(ioc_->get_executor()) {
+    : ioc_(std::make_unique<boost::asio::io_context>(kLoopConcurrencyHint)),
+      work_(ioc_->get_executor()) {
   if (start) Start();
 }
 

@@ -30,6 +30,7 @@
 #include <iostream>
 #include <thread>
 
+#include "rpc/event_loop.h"
 #include "rpc/logging.h"
 #include "rpc/metrics.h"
 #include "rpc/rdmarpc.h"
@@ -197,7 +198,7 @@ struct ClientConfig {
 
 // One I/O thread's share of the load.
 struct Worker {
-  asio::io_context ioc{1};
+  asio::io_context ioc{rdmarpc::kLoopConcurrencyHint};
   Histogram hist;
   uint64_t counted = 0, failed = 0, mismatched = 0;
   std::string error;
@@ -294,7 +295,7 @@ std::string Fixed(double v, int digits) {
 // --stream: one server stream of --response-bytes messages read as fast as they come; messages/s
 // and MB/s over --duration after --warmup.
 int RunStream(const ClientConfig& cfg) {
-  asio::io_context ioc{1};
+  asio::io_context ioc{rdmarpc::kLoopConcurrencyHint};
   struct Out {
     uint64_t messages = 0;
     double seconds = 0;

@@ -20,9 +20,11 @@
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
+#include <utility>
 
 #include "transport/acceptor.h"
 #include "transport/handler_slot.h"
@@ -484,10 +486,34 @@ class TcpListener final : public Listener {
       : state_(std::move(s)), uri_(std::move(uri)) {}
   ~TcpListener() override { Close(); }
 
+  // A descriptor accepted on the listener's loop on its way to its connection's loop, where it
+  // is registered with that loop's reactor; closed if it never gets there.
+  struct AcceptedSocket {
+    AcceptedSocket(int fd, tcp protocol) : fd(fd), protocol(protocol) {}
+    AcceptedSocket(AcceptedSocket&& o) noexcept
+        : fd(std::exchange(o.fd, -1)), protocol(o.protocol) {}
+    AcceptedSocket& operator=(AcceptedSocket&&) = delete;
+    ~AcceptedSocket() {
+      if (fd >= 0) ::close(fd);
+    }
+    tcp::socket Take(const Executor& ex, boost::system::error_code& ec) {
+      tcp::socket sock(ex);
+      sock.assign(protocol, fd, ec);
+      if (!ec) fd = -1;
+      return sock;
+    }
+    int fd;
+    tcp protocol;
+  };
+
   static void AcceptNext(std::shared_ptr<State> s) {
     if (s->closed) return;
-    const Executor& target = s->NextExecutor();
-    s->acceptor.async_accept(target, [s](boost::system::error_code ec, tcp::socket sock) {
+    // Accepted onto the listener's own loop, then handed over as a bare descriptor: a loop's
+    // descriptors are registered and used by that loop's thread only. The loops may run without
+    // the reactor's per-descriptor lock (rpc's EventLoopThread does), and the reactor pools its
+    // per-descriptor state: registering a socket with another loop's reactor from here raced
+    // with that loop on a reused state (ThreadSanitizer showed it).
+    s->acceptor.async_accept([s](boost::system::error_code ec, tcp::socket sock) {
       if (s->closed) return;
       if (ec) {
         if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
@@ -516,8 +542,15 @@ class TcpListener final : public Listener {
         timer->async_wait([s, timer](boost::system::error_code) { AcceptNext(s); });
         return;
       }
-      Executor ex = sock.get_executor();  // the connection's own I/O thread
-      asio::co_spawn(ex, Handshake(s, std::move(sock)), asio::detached);
+      boost::system::error_code how;
+      const tcp protocol = sock.local_endpoint(how).protocol();
+      const int fd = how ? -1 : sock.release(how);
+      if (fd < 0 || how) {
+        spdlog::warn("tcp: cannot hand over an accepted connection: {}", how.message());
+      } else {
+        asio::co_spawn(s->NextExecutor(), Handshake(s, AcceptedSocket(fd, protocol)),
+                       asio::detached);
+      }
       AcceptNext(s);
     });
   }
@@ -577,8 +610,13 @@ class TcpListener final : public Listener {
   // HELLO (the whole exchange bounded by the connect timeout, so a silent peer cannot hold a
   // socket), challenge it when we have a secret, answer, and only then hand the connection to
   // the server.
-  static asio::awaitable<void> Handshake(std::shared_ptr<State> s, tcp::socket sock) {
+  static asio::awaitable<void> Handshake(std::shared_ptr<State> s, AcceptedSocket accepted) {
     boost::system::error_code ec;
+    tcp::socket sock = accepted.Take(co_await asio::this_coro::executor, ec);
+    if (ec) {
+      spdlog::warn("tcp: cannot take an accepted connection: {}", ec.message());
+      co_return;
+    }
     const auto remote = sock.remote_endpoint(ec);
     const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
     const auto until = std::chrono::steady_clock::now() +
