@@ -18,7 +18,8 @@ METRICS_HISTORY = (
     "each method's counters found once, not by name per call): +278 / +231 (1.038 / 1.037), "
     "depth-32 calls/s 0.964, depth-1 p50 1.000; 2026-12-02 afternoon, after that day's first "
     "cuts to the call: +269 / +227 (1.067 / 1.049), depth-32 calls/s 0.932, depth-1 p50 1.072; "
-    "2026-12-02 evening (after the poller): +352 / +228 (1.111 / 1.063), depth-32 calls/s 0.959. "
+    "2026-12-02 evening (after the poller): +352 / +228 (1.111 / 1.063), depth-32 calls/s 0.959; "
+    "2026-12-02 night (parked coroutines): +347 / +228 (1.119 / 1.069), depth-32 calls/s 0.952. "
     "Since then the call itself got cheaper again (see \"CPU cost per call\"), so the same "
     "absolute cost of counting is a larger share of a call; the client's also grew by ~80 "
     "because a call without interceptors now skips the interceptor path's Status handling.")
@@ -222,7 +223,13 @@ def main():
       "rdmarpc's p50 moves less. On the same RDMA code, the run for c58b12a (2026-12-01) "
       "measured ib_write_lat 64 B at 26.1 us RTT and rdmarpc busy-poll at 2.18x (adaptive "
       f"2.42x); this run measured {2 * wl['half_rtt_typical_us']:.1f} us and the ratios above. Count an RDMA latency target "
-      "as met only when it holds over several runs." if wl else "")
+      "as met only when it holds over several runs. rdmarpc's own p50 moves between boots "
+      "too: the run on ad2ca47 (2026-12-02, night) measured busy-poll 64 B at 48.8 us, the run "
+      "on f2cf613 (the session after) 78.3 us; the two builds side by side in "
+      "one later boot (`rdmarpc_bench` of d9895a3 and of the newer code, 3 interleaved rounds "
+      "of 3 s, by hand through tools/vm/rxe_vm.sh) gave busy-poll p50 70.1/87.6/72.2 us against "
+      "90.6/74.2/66.0 us and adaptive 114.2/75.3/87.6 us against 95.7/84.5/78.3 us: no "
+      "difference between the builds that the boot's own noise does not cover." if wl else "")
     w("")
     w("Where short, why (from the profiles below and the design):")
     w("")
@@ -262,7 +269,7 @@ def main():
       "with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO: each descriptor is registered and used by "
       "its own loop's thread, accepted TCP sockets reach their loop as bare descriptors) and "
       "a thread check instead of copying and comparing the caller's executor on each client "
-      "call (2026-12-02, fifth session; client 2,914 -> 2,772, server 3,282 -> 3,212 by hand). "
+      "call (2026-12-02, sixth session; client 2,914 -> 2,772, server 3,282 -> 3,212 by hand). "
       "What is left, from the profiles below: Asio's scheduler (its mutex, the task and "
       "operation queues, epoll_wait: ~350 per side), protobuf parsing and serialization (~500 "
       "per side, ~110 of it the flat-array parser's copy of the last 16 bytes), the coroutine "
