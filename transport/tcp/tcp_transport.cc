@@ -472,6 +472,7 @@ class TcpListener final : public Listener {
       if (spare_fd >= 0) close(spare_fd);
     }
     tcp::acceptor acceptor;
+    tcp protocol = tcp::v4();  // the listening socket's: the sockets it accepts are the same
     // A descriptor held in reserve: when the process runs out (EMFILE), it is given up for one
     // moment to accept the newest client and refuse it with "busy", so that clients get a
     // clear RESOURCE_EXHAUSTED at once instead of waiting in the backlog for their timeout.
@@ -543,12 +544,11 @@ class TcpListener final : public Listener {
         return;
       }
       boost::system::error_code how;
-      const tcp protocol = sock.local_endpoint(how).protocol();
-      const int fd = how ? -1 : sock.release(how);
-      if (fd < 0 || how) {
+      const int fd = sock.release(how);
+      if (how) {
         spdlog::warn("tcp: cannot hand over an accepted connection: {}", how.message());
       } else {
-        asio::co_spawn(s->NextExecutor(), Handshake(s, AcceptedSocket(fd, protocol)),
+        asio::co_spawn(s->NextExecutor(), Handshake(s, AcceptedSocket(fd, s->protocol)),
                        asio::detached);
       }
       AcceptNext(s);
@@ -574,7 +574,7 @@ class TcpListener final : public Listener {
     }
     tcp::socket sock(s->acceptor.get_executor());
     boost::system::error_code ec;
-    sock.assign(s->acceptor.local_endpoint(ec).protocol(), fd, ec);
+    sock.assign(s->protocol, fd, ec);
     if (ec) {
       ::close(fd);
       s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -675,6 +675,7 @@ Expected<std::unique_ptr<Listener>> Listen(const Endpoint& endpoint,
   boost::system::error_code ec;
   tcp::endpoint ep(addr.value(), endpoint.port);
   auto& a = state->acceptor;
+  state->protocol = ep.protocol();
   if (a.open(ep.protocol(), ec); ec) return Error{"tcp listen: socket: " + ec.message()};
   a.set_option(tcp::acceptor::reuse_address(true), ec);
   if (a.bind(ep, ec); ec) return Error{"tcp listen on " + endpoint.ToUri() + ": " + ec.message()};
