@@ -163,11 +163,15 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     co_await Suspend(index, deadline);
     Status status;
     if (slot.done) {
+      // The common case without the error path's renaming and interceptors, and without moving
+      // the slot's Status out (OnResponse leaves it OK, as FreeSlot does; the moves and calls
+      // cost ~75 instructions per call).
+      if (slot.status.ok() && !ic.list) {
+        FreeSlot(index);
+        co_return Status();
+      }
       status = std::move(slot.status);
       FreeSlot(index);
-      // The common case without the error path's renaming and interceptors (two Status moves
-      // and two calls, ~60 instructions per call).
-      if (status.ok() && !ic.list) co_return status;
       co_return Intercepted(method, ic, NameUnknownMethod(std::move(status), method));
     }
     if ((co_await asio::this_coro::cancellation_state).cancelled() !=
@@ -903,7 +907,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (s.sent) --in_flight_;
     s.sent = s.abandoned = false;
     s.reply = nullptr;
-    s.status = Status();
+    if (!s.status.ok() || !s.status.message().empty()) s.status = Status();
     if (!s.messages.empty()) s.messages.clear();  // (a deque's clear costs even when empty)
     s.final_payload.clear();
     calls_.Free(index);
@@ -963,7 +967,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     const auto code = static_cast<StatusCode>(f.header.status);
     if (code == StatusCode::kOk) {
       if (s.reply->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
-        s.status = Status();
+        // s.status is OK already: FreeSlot leaves it so, and nothing else sets it on a call
+        // that is not done.
       } else {
         s.status =
             Status(StatusCode::kInternal, "reply does not parse as " + s.reply->GetTypeName());

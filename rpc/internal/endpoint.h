@@ -28,8 +28,8 @@ class FrameEndpoint : public transport::ConnectionHandler {
   void OnMessage(std::span<const std::byte> message) final {
     keepalive_.Heard();
     DecodedFrame f;
-    if (std::string err = DecodeFrame(message, &f); !err.empty()) {
-      static_cast<Role*>(this)->OnMalformedFrame(err);
+    if (!ParseFrame(message, &f)) {
+      static_cast<Role*>(this)->OnMalformedFrame(DecodeFrame(message, &f));
       return;
     }
     static_cast<Role*>(this)->OnFrame(f, message.size());

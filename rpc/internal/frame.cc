@@ -64,6 +64,8 @@ void EncodeFrameHeader(const FrameHeader& h, std::byte* dst) {
 }
 
 std::string DecodeFrame(std::span<const std::byte> m, DecodedFrame* out) {
+  if (ParseFrame(m, out)) return "";
+  // Malformed: say which check failed (ParseFrame's, in its order).
   if (m.size() < kFrameHeaderBytes) {
     return "truncated frame: " + std::to_string(m.size()) + " bytes, header needs " +
            std::to_string(kFrameHeaderBytes);
@@ -72,26 +74,12 @@ std::string DecodeFrame(std::span<const std::byte> m, DecodedFrame* out) {
   if (static_cast<uint8_t>(m[1]) != kProtocolVersion) {
     return "unsupported protocol version " + std::to_string(static_cast<uint8_t>(m[1]));
   }
-  FrameHeader& h = out->header;
   const uint8_t type = static_cast<uint8_t>(m[2]);
   if (type < static_cast<uint8_t>(FrameType::kRequest) ||
       type > static_cast<uint8_t>(FrameType::kWindow)) {
     return "unknown frame type " + std::to_string(type);
   }
-  h.type = static_cast<FrameType>(type);
-  h.flags = static_cast<uint8_t>(m[3]);
-  h.method_id = Get<uint32_t>(m.data() + 4);
-  h.call_id = Get<uint64_t>(m.data() + 8);
-  h.timeout_us = Get<uint64_t>(m.data() + 16);
-  h.status = Get<uint32_t>(m.data() + 24);
-  h.metadata_bytes = Get<uint32_t>(m.data() + 28);
-  const size_t rest = m.size() - kFrameHeaderBytes;
-  if (h.metadata_bytes > rest || h.metadata_bytes > kMaxMetadataBytes) {
-    return "metadata length " + std::to_string(h.metadata_bytes) + " exceeds the frame";
-  }
-  out->metadata = m.subspan(kFrameHeaderBytes, h.metadata_bytes);
-  out->payload = m.subspan(kFrameHeaderBytes + h.metadata_bytes);
-  return "";
+  return "metadata length " + std::to_string(Get<uint32_t>(m.data() + 28)) + " exceeds the frame";
 }
 
 size_t MetadataEncodedSize(const Metadata& md) {

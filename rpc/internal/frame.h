@@ -5,9 +5,12 @@
 // payload length is derived: payload = message - header - metadata.
 #pragma once
 
+#include <endian.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -84,8 +87,38 @@ struct DecodedFrame {
   std::span<const std::byte> payload;
 };
 
-// Parses a whole frame in place. Returns an empty string on success, else what is wrong
-// (truncated, bad magic, unsupported version, unknown type, metadata past the end, ...).
+// Parses a whole frame in place: true when it is well formed. Builds no error text, so that a
+// good frame costs no string (this runs for every message); DecodeFrame says what is wrong.
+inline bool ParseFrame(std::span<const std::byte> m, DecodedFrame* out) {
+  if (m.size() < kFrameHeaderBytes) return false;
+  const auto* p = reinterpret_cast<const unsigned char*>(m.data());
+  if (p[0] != kFrameMagic || p[1] != kProtocolVersion) return false;
+  if (p[2] < static_cast<uint8_t>(FrameType::kRequest) ||
+      p[2] > static_cast<uint8_t>(FrameType::kWindow)) {
+    return false;
+  }
+  FrameHeader& h = out->header;
+  h.type = static_cast<FrameType>(p[2]);
+  h.flags = p[3];
+  std::memcpy(&h.method_id, p + 4, 4);
+  std::memcpy(&h.call_id, p + 8, 8);
+  std::memcpy(&h.timeout_us, p + 16, 8);
+  std::memcpy(&h.status, p + 24, 4);
+  std::memcpy(&h.metadata_bytes, p + 28, 4);
+  h.method_id = le32toh(h.method_id);
+  h.call_id = le64toh(h.call_id);
+  h.timeout_us = le64toh(h.timeout_us);
+  h.status = le32toh(h.status);
+  h.metadata_bytes = le32toh(h.metadata_bytes);
+  const size_t rest = m.size() - kFrameHeaderBytes;
+  if (h.metadata_bytes > rest || h.metadata_bytes > kMaxMetadataBytes) return false;
+  out->metadata = m.subspan(kFrameHeaderBytes, h.metadata_bytes);
+  out->payload = m.subspan(kFrameHeaderBytes + h.metadata_bytes);
+  return true;
+}
+
+// Parses a whole frame in place (as ParseFrame). Returns an empty string on success, else what
+// is wrong (truncated, bad magic, unsupported version, unknown type, metadata past the end).
 std::string DecodeFrame(std::span<const std::byte> message, DecodedFrame* out);
 
 // Metadata entries: u16 key length, u32 value length, key bytes, value bytes; repeated.

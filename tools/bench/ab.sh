@@ -55,8 +55,12 @@ done
 for side in A B; do
   for n in 2000 12000; do
     target=$(serve "$side" "$tmp/cg.$side" valgrind --tool=callgrind --callgrind-out-file="$tmp/s.$side.$n")
+    # --no-latency where the binary has it (older ones time every call; compare like with like).
+    nl=()
+    "${bin[A]}" --help | grep -q -- --no-latency && "${bin[B]}" --help | grep -q -- --no-latency &&
+      nl=(--no-latency)
     valgrind --tool=callgrind --callgrind-out-file="$tmp/c.$side.$n" "${bin[$side]}" --target "$target" \
-      --calls "$n" --warmup 0 --quiet >/dev/null 2>&1
+      --calls "$n" --warmup 0 --quiet "${nl[@]}" >/dev/null 2>&1
     kill -TERM "$(cat "$tmp/cg.$side.pid")"; wait 2>/dev/null || true
   done
 done

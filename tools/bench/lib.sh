@@ -18,7 +18,9 @@ cg_total() { callgrind_annotate "$1" | awk '/PROGRAM TOTALS/{gsub(",","",$1); pr
 # callgrind_pair BENCH PREFIX [FLAG...]: runs rdmarpc_bench (the binary BENCH) as server and
 # client over TCP on loopback under callgrind, twice, with 2,000 and 12,000 calls, FLAGs given to
 # both; writes PREFIX{server,client}.{2000,12000}.cg. The difference of the two runs / 10,000 is
-# the cost of one call with connection set-up, start and exit cancelled out (cg_per_call).
+# the cost of one call with connection set-up, start and exit cancelled out (cg_per_call). The
+# client runs with --no-latency: the bench's own timing of each call (two clock reads and a
+# histogram record) is not rdmarpc's cost.
 callgrind_pair() {
   local bench=$1 prefix=$2 n srv
   shift 2
@@ -28,7 +30,7 @@ callgrind_pair() {
     srv=$!
     wait_listening "${prefix}cgsrv.log"
     valgrind --tool=callgrind --callgrind-out-file="${prefix}client.$n.cg" \
-      "$bench" --target "$(listening_uri "${prefix}cgsrv.log")" --calls "$n" --warmup 0 --quiet \
+      "$bench" --target "$(listening_uri "${prefix}cgsrv.log")" --calls "$n" --warmup 0 --quiet --no-latency \
       "$@" >/dev/null 2>&1
     kill -TERM "$srv"
     wait "$srv" || true

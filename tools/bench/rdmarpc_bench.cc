@@ -53,6 +53,7 @@ constexpr char kUsage[] =
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
     "                     [--connect-timeout-ms MS] [--json] [--quiet] [--metrics]\n"
+    "                     [--no-latency]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
     "\n"
@@ -79,6 +80,8 @@ constexpr char kUsage[] =
     "                       report (e.g. to measure an idle server's CPU)\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
+    "  --no-latency         do not time each call (no clock reads, no histogram): for\n"
+    "                       instruction counts of rdmarpc alone (tools/bench/lib.sh)\n"
     "  --metrics            record every call in an rdmarpc::Metrics registry (server and\n"
     "                       client interceptors), to measure what metrics cost\n"
     "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
@@ -193,6 +196,7 @@ struct ClientConfig {
   double duration_s, warmup_s;
   long calls;  // 0 = run for duration_s
   bool json, quiet, verify;
+  bool latency = true;  // time each call (--no-latency: not)
   rdmarpc::ChannelOptions options;
 };
 
@@ -233,9 +237,13 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
       std::memcpy(p, &loop_id, 8);
       std::memcpy(p + 8, &seq, 8);
     }
-    const auto t0 = Clock::now();
+    // Two clock reads per call are the benchmark's, not rdmarpc's: --no-latency leaves them
+    // out of instruction counts.
+    const auto t0 = cfg.latency ? Clock::now() : Clock::time_point{};
     rdmarpc::Status s = co_await stub.Call(req, reply, opts);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+    const auto ns = cfg.latency
+                        ? std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0)
+                        : std::chrono::nanoseconds{0};
     if (!s.ok()) {
       ++w.failed;
       if (w.error.empty()) w.error = s.ToString();
@@ -249,7 +257,7 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
       ++w.mismatched;
     }
     if (shared.measuring.load(std::memory_order_relaxed)) {
-      w.hist.Record(static_cast<uint64_t>(ns.count()));
+      if (cfg.latency) w.hist.Record(static_cast<uint64_t>(ns.count()));
       ++w.counted;
       const uint64_t n = shared.counted.fetch_add(1, std::memory_order_relaxed) + 1;
       if (cfg.calls > 0 && n >= static_cast<uint64_t>(cfg.calls)) shared.stop = true;
@@ -550,7 +558,8 @@ int main(int argc, char** argv) {
                                                 {"quiet", false},
                                                 {"verify", false},
                                                 {"stream", false},
-                                                {"metrics", false}}));
+                                                {"metrics", false},
+                                                {"no-latency", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -568,6 +577,7 @@ int main(int argc, char** argv) {
   cfg.json = flags.has("json");
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
+  cfg.latency = !flags.has("no-latency");
   if (flags.has("metrics")) {
     cfg.options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->client_interceptor());
   }
