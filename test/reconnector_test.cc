@@ -4,7 +4,9 @@
 // servers are in reliability_test and inproc_fault_test.
 #include "rpc/internal/reconnector.h"
 
+#include <boost/asio/ip/tcp.hpp>
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,8 +23,9 @@ namespace {
 
 // Stands in for the channel: records what the reconnector tells it.
 struct Recorder final : ReconnectListener, std::enable_shared_from_this<Recorder> {
-  Recorder(const transport::Executor& ex, std::string target)
-      : reconnector(ex, std::move(target), transport::Options{}, 1ms, 4ms) {}
+  Recorder(const transport::Executor& ex, std::string target,
+           transport::Options options = transport::Options{})
+      : reconnector(ex, std::move(target), std::move(options), 1ms, 4ms) {}
 
   bool WantsConnection() const override { return want; }
   void OnReconnected(std::shared_ptr<transport::Connection> c) override { conn = std::move(c); }
@@ -133,4 +136,44 @@ TEST_CASE("no reconnect once the channel no longer wants one, or after Cancel", 
   REQUIRE(rec->conn);
   CHECK(server.accepted.size() == 1);
   rec->conn->Close();
+}
+
+TEST_CASE("one attempt at a time: a reconnect asked for while one is in progress waits for it",
+          "[reconnector]") {
+  // A TCP peer that accepts and never answers the transport's handshake keeps an attempt in
+  // progress (until the connect timeout): the state in which a second Schedule must not start a
+  // second attempt. (inproc:// cannot show it: its connect ends within one turn.)
+  asio::io_context ctx;
+  asio::ip::tcp::acceptor silent(ctx, {asio::ip::make_address("127.0.0.1"), 0});
+  std::vector<std::shared_ptr<asio::ip::tcp::socket>> accepted;
+  std::function<void()> accept_next = [&] {
+    auto s = std::make_shared<asio::ip::tcp::socket>(ctx);
+    silent.async_accept(*s, [&, s](boost::system::error_code ec) {
+      if (ec) return;
+      accepted.push_back(s);
+      accept_next();
+    });
+  };
+  accept_next();
+  transport::Options options;
+  options.connect_timeout_ms = 10'000;  // far past the test: the attempt stays in progress
+  auto rec = std::make_shared<Recorder>(
+      ctx.get_executor(), "tcp://127.0.0.1:" + std::to_string(silent.local_endpoint().port()),
+      options);
+  rec->Schedule(0ms);
+  RunUntil(ctx, [&] { return !accepted.empty(); });
+  REQUIRE(accepted.size() == 1);
+  rec->Schedule(0ms);  // e.g. a call that wants a connection, while the first attempt runs
+  rec->Schedule(1ms);
+  ctx.restart();
+  ctx.run_for(200ms);
+  CHECK(accepted.size() == 1);  // still the first attempt, and no other
+  CHECK(rec->errors.empty());
+  CHECK_FALSE(rec->conn);
+  rec->reconnector.Cancel();  // ends the attempt in progress
+  ctx.restart();
+  ctx.run_for(50ms);
+  silent.close();
+  ctx.restart();
+  ctx.run_for(10ms);
 }
