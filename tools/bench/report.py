@@ -269,7 +269,16 @@ def main():
       "with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO: each descriptor is registered and used by "
       "its own loop's thread, accepted TCP sockets reach their loop as bare descriptors) and "
       "a thread check instead of copying and comparing the caller's executor on each client "
-      "call (2026-12-02, sixth session; client 2,914 -> 2,772, server 3,282 -> 3,212 by hand). "
+      "call (2026-12-02, sixth session; client 2,914 -> 2,772, server 3,282 -> 3,212 by hand); "
+      "then frames parsed without building an empty error string per message, the server's "
+      "budget check once per request frame instead of twice, and a successful call's Status "
+      "returned without moving it out of the call table (2026-12-02, seventh session; "
+      "interleaved A/B of the same library: client ~2,709 -> ~2,640, server ~3,208 -> ~3,110 "
+      "over tcp://; over rdma:// in one VM boot server 4,692/4,698 -> 4,594/4,592, the client's "
+      "events-mode figure moved more between rounds than the cut). From that session on the "
+      "client's count leaves out the benchmark's own timing of each call (`rdmarpc_bench "
+      "--no-latency` in `callgrind_pair` and vm_bench.sh: two clock reads and a histogram "
+      "record, 74 instructions, same binary 2,783 -> 2,709), which is not rdmarpc's work. "
       "What is left, from the profiles below: Asio's scheduler (its mutex, the task and "
       "operation queues, epoll_wait: ~350 per side), protobuf parsing and serialization (~500 "
       "per side, ~110 of it the flat-array parser's copy of the last 16 bytes), the coroutine "
@@ -466,7 +475,8 @@ def main():
         w("")
         w("A 64 B echo over TCP. Each side ran under `valgrind --tool=callgrind` twice, for "
           "2,000 and for 12,000 calls (depth 1); instructions per call = difference / 10,000, "
-          "which cancels set-up, connection and exit.")
+          "which cancels set-up, connection and exit. The client runs with `--no-latency`: "
+          "the benchmark's own clock reads and histogram per call are not counted.")
         w("")
         rdma_ir2 = {r["side"]: r["ir_per_call"] for r in rdma if r.get("test") == "callgrind"}
         w("Over rdma:// the same inside the VM (`tools/bench/vm_bench.sh`), for 200 and 1,200 "
