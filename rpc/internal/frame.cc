@@ -5,27 +5,8 @@
 #include <cstring>
 
 namespace rdmarpc {
-namespace {
-
-template <class T>
-void Put(std::byte* dst, T v) {
-  if constexpr (sizeof(T) == 2) v = htole16(v);
-  if constexpr (sizeof(T) == 4) v = htole32(v);
-  if constexpr (sizeof(T) == 8) v = htole64(v);
-  std::memcpy(dst, &v, sizeof(T));
-}
-
-template <class T>
-T Get(const std::byte* src) {
-  T v;
-  std::memcpy(&v, src, sizeof(T));
-  if constexpr (sizeof(T) == 2) v = le16toh(v);
-  if constexpr (sizeof(T) == 4) v = le32toh(v);
-  if constexpr (sizeof(T) == 8) v = le64toh(v);
-  return v;
-}
-
-}  // namespace
+using frame_detail::Get;
+using frame_detail::Put;
 
 const char* FrameTypeName(FrameType t) {
   switch (t) {

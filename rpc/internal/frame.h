@@ -87,6 +87,28 @@ struct DecodedFrame {
   std::span<const std::byte> payload;
 };
 
+// Little-endian field access for the wire format (memcpy: fields are not aligned). Shared by
+// the inline parser below and frame.cc.
+namespace frame_detail {
+template <class T>
+inline void Put(std::byte* dst, T v) {
+  if constexpr (sizeof(T) == 2) v = htole16(v);
+  if constexpr (sizeof(T) == 4) v = htole32(v);
+  if constexpr (sizeof(T) == 8) v = htole64(v);
+  std::memcpy(dst, &v, sizeof(T));
+}
+
+template <class T>
+inline T Get(const std::byte* src) {
+  T v;
+  std::memcpy(&v, src, sizeof(T));
+  if constexpr (sizeof(T) == 2) v = le16toh(v);
+  if constexpr (sizeof(T) == 4) v = le32toh(v);
+  if constexpr (sizeof(T) == 8) v = le64toh(v);
+  return v;
+}
+}  // namespace frame_detail
+
 // Parses a whole frame in place: true when it is well formed. Builds no error text, so that a
 // good frame costs no string (this runs for every message); DecodeFrame says what is wrong.
 inline bool ParseFrame(std::span<const std::byte> m, DecodedFrame* out) {
@@ -100,16 +122,12 @@ inline bool ParseFrame(std::span<const std::byte> m, DecodedFrame* out) {
   FrameHeader& h = out->header;
   h.type = static_cast<FrameType>(p[2]);
   h.flags = p[3];
-  std::memcpy(&h.method_id, p + 4, 4);
-  std::memcpy(&h.call_id, p + 8, 8);
-  std::memcpy(&h.timeout_us, p + 16, 8);
-  std::memcpy(&h.status, p + 24, 4);
-  std::memcpy(&h.metadata_bytes, p + 28, 4);
-  h.method_id = le32toh(h.method_id);
-  h.call_id = le64toh(h.call_id);
-  h.timeout_us = le64toh(h.timeout_us);
-  h.status = le32toh(h.status);
-  h.metadata_bytes = le32toh(h.metadata_bytes);
+  const std::byte* b = m.data();
+  h.method_id = frame_detail::Get<uint32_t>(b + 4);
+  h.call_id = frame_detail::Get<uint64_t>(b + 8);
+  h.timeout_us = frame_detail::Get<uint64_t>(b + 16);
+  h.status = frame_detail::Get<uint32_t>(b + 24);
+  h.metadata_bytes = frame_detail::Get<uint32_t>(b + 28);
   const size_t rest = m.size() - kFrameHeaderBytes;
   if (h.metadata_bytes > rest || h.metadata_bytes > kMaxMetadataBytes) return false;
   out->metadata = m.subspan(kFrameHeaderBytes, h.metadata_bytes);
