@@ -15,6 +15,25 @@ listening_uri() { sed -n 's/^listening on //p' "$1"; }
 # cg_total FILE: a callgrind profile's total instruction count.
 cg_total() { callgrind_annotate "$1" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}'; }
 
+# cg_calls FILE FUNCTION: how many times a callgrind profile's program called FUNCTION (an exact
+# symbol name, e.g. epoll_wait), from the call records of the raw profile. Instructions per call
+# depend on it: each time the event loop sleeps in epoll_wait it pays the sleep, the reactor's
+# turn and a scheduler round (about 600 instructions), and how often a depth-1 call finds its
+# reply already there, rather than sleeping for it, depends on how the two processes were
+# scheduled (machine load), not on the code. So the figures are reported with their sleeps.
+cg_calls() {
+  awk -v want="$2" '
+    /^c?fn=\(/ {
+      id = $0; sub(/^c?fn=\(/, "", id); sub(/\).*/, "", id)
+      name = $0; sub(/^c?fn=\([0-9]+\) ?/, "", name)
+      if (name != "") names[id] = name
+      if ($0 ~ /^cfn=/) callee = names[id]
+      next
+    }
+    /^calls=/ { n = $0; sub(/^calls=/, "", n); sub(/ .*/, "", n); if (callee == want) total += n }
+    END { print total + 0 }' "$1"
+}
+
 # callgrind_pair BENCH PREFIX [FLAG...]: runs rdmarpc_bench (the binary BENCH) as server and
 # client over TCP on loopback under callgrind, twice, with 2,000 and 12,000 calls, FLAGs given to
 # both; writes PREFIX{server,client}.{2000,12000}.cg. The difference of the two runs / 10,000 is

@@ -94,7 +94,7 @@ done
 # which under valgrind takes milliseconds to answer. The client's connect timeout is raised:
 # the server under callgrind takes longer than 5 s to set up its device state. --no-latency: the
 # bench's own timing of each call is not counted (as on the host, tools/bench/lib.sh).
-cg_total() { callgrind_annotate "$1" | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}'; }
+. tools/bench/lib.sh  # cg_total, cg_calls
 cgdir=$(mktemp -d)
 for n in 200 1200; do
   valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
@@ -108,7 +108,8 @@ for n in 200 1200; do
 done
 for side in client server; do
   a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
-  [ -n "$a" ] && [ -n "$b" ] && echo "{\"kind\":\"rdmarpc\",\"test\":\"callgrind\",\"mode\":\"events\",\"side\":\"$side\",\"ir_per_call\":$(( (b - a) / 1000 ))}" >> "$out"
+  wa=$(cg_calls "$cgdir/$side.200" epoll_wait); wb=$(cg_calls "$cgdir/$side.1200" epoll_wait)
+  [ -n "$a" ] && [ -n "$b" ] && echo "{\"kind\":\"rdmarpc\",\"test\":\"callgrind\",\"mode\":\"events\",\"side\":\"$side\",\"ir_per_call\":$(( (b - a) / 1000 )),\"epoll_waits_per_call\":$(awk -v a="$wa" -v b="$wb" 'BEGIN { printf "%.2f", (b - a) / 1000 }')}" >> "$out"
 done
 rm -rf "$cgdir"
 
@@ -119,12 +120,23 @@ for n in 100 1000 10000; do
   $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" >/dev/null 2>&1 &
   server=$!
   sleep 1
+  started=$(date +%s)
   r=$(timeout 600 $bin/rdmarpc_bench --target "rdma://$addr:7490" --idle-connections "$n" \
-      --connect-timeout-ms 60000 --json 2>/dev/null)
+      --connect-timeout-ms 60000 --json 2>"$1/idle_client.err")
+  rc=$?
   alive=yes
   kill -0 "$server" 2>/dev/null || alive=no
-  [ -n "$r" ] || r="{\"idle_connections_asked\":$n,\"opened\":0,\"failed_calls\":0,\"client_bytes_per_connection\":0,\"server_bytes_per_connection\":0,\"error\":\"client died (out of memory?); server alive: $alive\"}"
+  # Say why there is no result: a slow boot runs into the time limit (exit 124), the
+  # out-of-memory killer ends the client with SIGKILL (137), anything else is the client's own
+  # error (its last line of stderr).
+  case "$rc" in
+    124) why="did not finish within 600 s (timeout; this boot may be slower, see ib_write_lat)" ;;
+    137) why="client killed (SIGKILL: out of memory?)" ;;
+    *) why="client exited with status $rc: $(tail -n 1 "$1/idle_client.err" | tr -d '"\\' | cut -c1-200)" ;;
+  esac
+  [ -n "$r" ] || r="{\"idle_connections_asked\":$n,\"opened\":0,\"failed_calls\":0,\"client_bytes_per_connection\":0,\"server_bytes_per_connection\":0,\"seconds\":$(( $(date +%s) - started )),\"error\":\"$why; server alive: $alive\"}"
   echo "{\"kind\":\"rdmarpc\",\"test\":\"idle\",\"server_alive\":\"$alive\",\"result\":$r}" >> "$out"
   kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
 done
+rm -f "$1/idle_client.err"
 echo "vm_bench: $(wc -l < "$out") results"
