@@ -13,7 +13,7 @@ bin=bazel-bin/tools/bench/rdmarpc_bench
 res=$(mktemp -d)
 trap 'pkill -P $$ 2>/dev/null || true; rm -rf "$res"' EXIT
 
-. tools/bench/lib.sh  # wait_listening, listening_uri, callgrind_pair, cg_per_call
+. tools/bench/lib.sh  # wait_listening, listening_uri, callgrind_pair, cg_per_call, cg_calls
 
 for r in $(seq "$rounds"); do
   for mode in off on; do
@@ -35,7 +35,12 @@ for mode in off on; do
   [ "$mode" = on ] && flags=(--metrics)
   callgrind_pair "$bin" "$res/$mode." "${flags[@]}"
   for side in client server; do
-    echo "{\"mode\":\"$mode\",\"side\":\"$side\",\"per_call\":$(cg_per_call "$res/$mode." "$side")}" >>"$res/cg.jsonl"
+    # The event loop's sleeps per call move the count (~600 each, see cg_calls): recorded so
+    # that an on/off difference that is really a difference in sleeps shows as such.
+    w1=$(cg_calls "$res/$mode.$side.2000.cg" epoll_wait)
+    w2=$(cg_calls "$res/$mode.$side.12000.cg" epoll_wait)
+    waits=$(awk -v a="$w1" -v b="$w2" 'BEGIN { printf "%.2f", (b - a) / 10000 }')
+    echo "{\"mode\":\"$mode\",\"side\":\"$side\",\"per_call\":$(cg_per_call "$res/$mode." "$side"),\"waits\":$waits}" >>"$res/cg.jsonl"
   done
 done
 
@@ -43,7 +48,9 @@ python3 - "$res" "$rounds" <<'PY'
 import json, statistics, sys
 res, rounds = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(f"{res}/rounds.jsonl")]
-cg = {(c["mode"], c["side"]): c["per_call"] for c in map(json.loads, open(f"{res}/cg.jsonl"))}
+cgrows = [json.loads(l) for l in open(f"{res}/cg.jsonl")]
+cg = {(c["mode"], c["side"]): c["per_call"] for c in cgrows}
+waits = {(c["mode"], c["side"]): c["waits"] for c in cgrows}
 med = lambda mode, key, field: statistics.median(r[key][field] for r in rows if r["mode"] == mode)
 vals = lambda mode, key, field: [r[key][field] for r in rows if r["mode"] == mode]
 print(f"| 64 B over TCP ({rounds} interleaved rounds, medians) | metrics off | metrics on | on / off "
@@ -59,6 +66,7 @@ for label, key, field, fmt in [("depth 1, p50 latency (us)", "d1", "p50_us", "{:
           f"| {spread('off')} | {spread('on')} |")
 for side in ("client", "server"):
     off, on = cg[("off", side)], cg[("on", side)]
-    print(f"| instructions per call, {side} (callgrind) | {off:,} | {on:,} "
+    print(f"| instructions per call, {side} (callgrind; epoll_wait per call "
+          f"{waits[('off', side)]:.2f} off, {waits[('on', side)]:.2f} on) | {off:,} | {on:,} "
           f"| {on / off:.3f} (+{on - off}) | | |")
 PY
