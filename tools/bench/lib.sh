@@ -63,3 +63,12 @@ cg_per_call() {
   b=$(cg_total "$1$2.12000.cg")
   echo $(((b - a) / 10000))
 }
+
+# cg_sleeps_per_call PREFIX SIDE: epoll_wait calls per call of SIDE from callgrind_pair (two
+# decimals): the sleeps its instruction count includes (see cg_calls).
+cg_sleeps_per_call() {
+  local a b
+  a=$(cg_calls "$1$2.2000.cg" epoll_wait)
+  b=$(cg_calls "$1$2.12000.cg" epoll_wait)
+  awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b - a) / 10000 }'
+}

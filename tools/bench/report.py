@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-# Earlier runs of the metrics overhead, for comparison with the table of the current run.
+# Earlier runs' connection counts, for the memory section.
 CONNECTIONS_HISTORY = (
     "Earlier runs: one server held 10,000 RDMA connections in the guest (2026-12-02, f2cf613, "
     "8 GiB guest; opening them took about 4 minutes under emulation). The run of 2026-12-03 "
@@ -22,6 +22,7 @@ CONNECTIONS_HISTORY = (
     "limit, not memory, is the likely cause. The 10,000-connection figure stands from the "
     "earlier run, not re-confirmed since.")
 
+# Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (
     "Earlier runs (same command, same machine): 2026-12-01, before interceptors bound to each "
     "method: callgrind +386 client / +350 server instructions per call (1.053 / 1.049), depth-32 "
@@ -97,10 +98,17 @@ def size_name(b):
     return f"{b} B"
 
 
+def sleeps(rows, side):
+    """The epoll_wait calls per call that SIDE's callgrind row recorded (runs from 2026-12-03
+    on), or None."""
+    return next((r["epoll_waits_per_call"] for r in rows
+                 if r.get("side") == side and "epoll_waits_per_call" in r), None)
+
+
 def sleeps_note(rows, side):
-    """' (N epoll_wait per call)' for a callgrind row that recorded it (runs from 2026-12-03 on)."""
-    r = next((r for r in rows if r.get("side") == side and "epoll_waits_per_call" in r), None)
-    return f" ({r['epoll_waits_per_call']:.2f} epoll_wait per call)" if r else ""
+    """' (N epoll_wait per call)' for a callgrind row that recorded it, else ''."""
+    v = sleeps(rows, side)
+    return f" ({v:.2f} epoll_wait per call)" if v is not None else ""
 
 
 def cpu_met(ir, rows, side):
@@ -109,8 +117,8 @@ def cpu_met(ir, rows, side):
     on a quiet one, so it does not count as meeting the target."""
     if ir > 2500:
         return "no"
-    r = next((r for r in rows if r.get("side") == side and "epoll_waits_per_call" in r), None)
-    if r and r["epoll_waits_per_call"] < 0.95:
+    v = sleeps(rows, side)
+    if v is not None and v < 0.95:
         return "not counted: fewer than one sleep per call (a loaded machine)"
     return "yes"
 
@@ -199,13 +207,13 @@ def main():
         if side in ir_t:
             w(f"| CPU: 64 B echo over TCP, at most 2,500 instructions per call on the {side} | "
               f"{ir_t[side]:,}{sleeps_note(cpu, side)} | {cpu_met(ir_t[side], cpu, side)} |")
-    rdma_ir = {r["side"]: r["ir_per_call"] for r in rdma if r.get("test") == "callgrind"}
+    rdma_cg = [r for r in rdma if r.get("test") == "callgrind"]
+    rdma_ir = {r["side"]: r["ir_per_call"] for r in rdma_cg}
     for side in ("client", "server"):
         if side in rdma_ir:
             w(f"| CPU: 64 B echo over rdma:// (VM, events mode), at most 2,500 instructions per call "
-              f"on the {side} | {rdma_ir[side]:,}"
-              f"{sleeps_note([r for r in rdma if r.get('test') == 'callgrind'], side)} | "
-              f"{cpu_met(rdma_ir[side], [r for r in rdma if r.get('test') == 'callgrind'], side)} |")
+              f"on the {side} | {rdma_ir[side]:,}{sleeps_note(rdma_cg, side)} | "
+              f"{cpu_met(rdma_ir[side], rdma_cg, side)} |")
     t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
     if t64:
         q = t64["rdmarpc"]["p50_us"] / t64["raw"]["p50_us"]
@@ -516,7 +524,8 @@ def main():
           "which cancels set-up, connection and exit. The client runs with `--no-latency`: "
           "the benchmark's own clock reads and histogram per call are not counted.")
         w("")
-        rdma_ir2 = {r["side"]: r["ir_per_call"] for r in rdma if r.get("test") == "callgrind"}
+        rdma_cg = [r for r in rdma if r.get("test") == "callgrind"]
+        rdma_ir2 = {r["side"]: r["ir_per_call"] for r in rdma_cg}
         w("Over rdma:// the same inside the VM (`tools/bench/vm_bench.sh`), for 200 and 1,200 "
           "calls (difference / 1,000), in events mode (`--poll-spin-us 0`: adaptive polling "
           "would add the polling done while the peer, slowed by valgrind, takes milliseconds to "
@@ -537,9 +546,8 @@ def main():
           "build) counted client 5,275 / server 4,603 with 1.50 / 1.03 epoll_wait per call, "
           "against the full run's 4,833 / 4,608 below (its wake-ups not recorded).")
         w("")
-        waits = {r["side"]: r.get("epoll_waits_per_call") for r in cpu}
-        waits_vm = {r["side"]: r.get("epoll_waits_per_call")
-                    for r in rdma if r.get("test") == "callgrind"}
+        waits = {r["side"]: sleeps(cpu, r["side"]) for r in cpu}
+        waits_vm = {r["side"]: sleeps(rdma_cg, r["side"]) for r in rdma_cg}
         w("| side | tcp:// instructions per call | epoll_wait per call (tcp://) "
           "| rdma:// (VM, events) instructions per call | epoll_wait per call (rdma://) |")
         w("| --- | --- | --- | --- | --- |")

@@ -76,9 +76,7 @@ for side in client server; do
   i1=$(cg_total "$res/$side.2000.cg")
   i2=$(cg_total "$res/$side.12000.cg")
   # Sleeps of the event loop per call (see cg_calls): the count depends on them.
-  w1=$(cg_calls "$res/$side.2000.cg" epoll_wait)
-  w2=$(cg_calls "$res/$side.12000.cg" epoll_wait)
-  echo "{\"kind\":\"callgrind\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(awk -v a="$w1" -v b="$w2" 'BEGIN { printf "%.2f", (b - a) / 10000 }')}" >> "$res/cpu.jsonl"
+  echo "{\"kind\":\"callgrind\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(cg_sleeps_per_call "$res/" "$side")}" >> "$res/cpu.jsonl"
   callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
 done
