@@ -114,8 +114,10 @@ done
 rm -rf "$cgdir"
 
 # Connections one server holds: a fresh server per count, since a count past the guest's memory
-# gets a process killed (the out-of-memory killer); that run is recorded with its error. 10,000
-# take about 4 minutes to open under emulation.
+# gets a process killed (the out-of-memory killer); that run is recorded with its error. The client
+# opens 16 at a time (rdmarpc_bench's --connect-window default): 10,000 took 178 s under emulation
+# (2026-12-03, a boot with ib_write_lat 64 B at ~80 us), one at a time they ran past the limit below
+# in a slow boot; 1,000 took 29 s one at a time and 16 s at 16.
 for n in 100 1000 10000; do
   $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" >/dev/null 2>&1 &
   server=$!
