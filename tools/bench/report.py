@@ -13,14 +13,18 @@ import time
 # Earlier runs' connection counts, for the memory section.
 CONNECTIONS_HISTORY = (
     "Earlier runs: one server held 10,000 RDMA connections in the guest (2026-12-02, f2cf613, "
-    "8 GiB guest; opening them took about 4 minutes under emulation). The run of 2026-12-03 "
-    "(65fecc8) got no 10,000 row: its boot ran about 5x slower than usual (ib_write_lat 64 B "
-    "133 us round trip against ~25 us) and the client gave no result. The script then labelled "
-    "every missing result \"client died (out of memory?)\" without recording why; it now "
-    "records the exit status. A by-hand check in another slow boot the same hour (ib_write_lat "
-    "105 us) ended with exit 124 after 610 s, vm_bench.sh's 600 s limit, the server alive: the "
-    "limit, not memory, is the likely cause. The 10,000-connection figure stands from the "
-    "earlier run, not re-confirmed since.")
+    "8 GiB guest; opening them one at a time took about 4 minutes under emulation). The run of "
+    "2026-12-03 (65fecc8) got no 10,000 row: its boot ran about 5x slower than usual "
+    "(ib_write_lat 64 B 133 us round trip against ~25 us) and the client, opening one "
+    "connection at a time, ran past vm_bench.sh's 600 s limit (a by-hand check in another slow "
+    "boot ended with exit 124 after 610 s, the server alive). Since 9208fb7 the client opens 16 "
+    "at a time (`--connect-window`, default 16): by hand in one boot (ib_write_lat 64 B ~80 us "
+    "round trip) 1,000 connections took 29.1 s one at a time and 16.2 s at 16, and 10,000 at 16 "
+    "opened in 177.7 s with every one answering a call. The first run_all after that change "
+    "(2026-12-03, 9208fb7) got no rows at all: vm_bench.sh wrote the client's stderr under "
+    "\"$1\", which its perftest parsing had overwritten (`set -- $line`), so the shell could not "
+    "start the client; fixed the same day, and the VM section below is from the run after the "
+    "fix.")
 
 # Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (

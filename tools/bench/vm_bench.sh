@@ -3,7 +3,9 @@
 # figures and rdmarpc_bench on the same rxe0 device in the same boot, one JSON line per
 # measurement into $1/rdma.jsonl. Sizes and durations are kept small: the guest CPU is emulated.
 set -uo pipefail
-out="$1/rdma.jsonl"
+# The results directory, kept by name: `set -- $line` below reuses the positional parameters.
+dir="$1"
+out="$dir/rdma.jsonl"
 bin=bazel-bin/tools/bench
 addr="$RXE_ADDR"
 : > "$out"
@@ -30,7 +32,7 @@ stop_server() {  # pid mode
   for _ in $(seq 150); do kill -0 "$1" 2>/dev/null || break; sleep 0.2; done
   if kill -0 "$1" 2>/dev/null; then
     echo "{\"kind\":\"rdmarpc\",\"test\":\"stuck_shutdown\",\"mode\":\"$2\"}" >> "$out"
-    gdb -p "$1" -batch -ex 'thread apply all bt 20' > "$(dirname "$out")/stuck_server.$2.txt" 2>&1
+    gdb -p "$1" -batch -ex 'thread apply all bt 20' > "$dir/stuck_server.$2.txt" 2>&1
     kill -9 "$1"
   fi
   wait "$1" 2>/dev/null
@@ -124,7 +126,7 @@ for n in 100 1000 10000; do
   sleep 1
   started=$(date +%s)
   r=$(timeout 600 $bin/rdmarpc_bench --target "rdma://$addr:7490" --idle-connections "$n" \
-      --connect-timeout-ms 60000 --json 2>"$1/idle_client.err")
+      --connect-timeout-ms 60000 --json 2>"$dir/idle_client.err")
   rc=$?
   alive=yes
   kill -0 "$server" 2>/dev/null || alive=no
@@ -134,11 +136,11 @@ for n in 100 1000 10000; do
   case "$rc" in
     124) why="did not finish within 600 s (timeout; this boot may be slower, see ib_write_lat)" ;;
     137) why="client killed (SIGKILL: out of memory?)" ;;
-    *) why="client exited with status $rc: $(tail -n 1 "$1/idle_client.err" | tr -d '"\\' | cut -c1-200)" ;;
+    *) why="client exited with status $rc: $(tail -n 1 "$dir/idle_client.err" | tr -d '"\\' | cut -c1-200)" ;;
   esac
   [ -n "$r" ] || r="{\"idle_connections_asked\":$n,\"opened\":0,\"failed_calls\":0,\"client_bytes_per_connection\":0,\"server_bytes_per_connection\":0,\"seconds\":$(( $(date +%s) - started )),\"error\":\"$why; server alive: $alive\"}"
   echo "{\"kind\":\"rdmarpc\",\"test\":\"idle\",\"server_alive\":\"$alive\",\"result\":$r}" >> "$out"
   kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
 done
-rm -f "$1/idle_client.err"
+rm -f "$dir/idle_client.err"
 echo "vm_bench: $(wc -l < "$out") results"
