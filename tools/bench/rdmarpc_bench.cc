@@ -286,9 +286,10 @@ asio::awaitable<void> StartConnections(const ClientConfig& cfg, Shared& shared, 
   }
 }
 
-// Opens n connections (into w.channels), up to `window` handshakes at a time: what takes the time
-// is the handshake's round trips and the server's set-up, not the client, and one at a time
-// 10,000 connections outlast the VM benchmark's time limit in a slow boot.
+// Opens n connections (into w.channels), up to `window` handshakes at a time: a handshake spends
+// much of its time waiting (round trips, the other side's set-up), and one at a time 10,000
+// rdma:// connections outlasted the VM benchmark's time limit in a slow boot. The openers
+// capture this frame's locals by reference: it waits for the last of them before it ends.
 asio::awaitable<void> OpenConnections(const ClientConfig& cfg, Shared& shared, Worker& w, long n,
                                       long window) {
   auto ex = co_await asio::this_coro::executor;
