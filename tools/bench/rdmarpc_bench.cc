@@ -266,22 +266,28 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
   }
 }
 
-asio::awaitable<void> StartConnections(const ClientConfig& cfg, Shared& shared, Worker& w, long n,
-                                       bool loops) {
+// Opens one connection and records it in `w` (or the failure in `w` and `shared`); null on failure.
+asio::awaitable<std::shared_ptr<rdmarpc::Channel>> ConnectOne(const ClientConfig& cfg,
+                                                              Shared& shared, Worker& w) {
+  auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
+  if (!ch.ok()) {
+    if (w.error.empty()) w.error = "connect: " + ch.status().ToString();
+    ++shared.connect_failures;
+    co_return nullptr;
+  }
+  ++shared.connected;
+  w.channels.push_back(*ch);
+  co_return *ch;
+}
+
+// The throughput client's connections: one at a time, each starting its --depth call loops.
+asio::awaitable<void> StartConnections(const ClientConfig& cfg, Shared& shared, Worker& w, long n) {
   auto ex = co_await asio::this_coro::executor;
   for (long c = 0; c < n; ++c) {
-    auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
-    if (!ch.ok()) {
-      if (w.error.empty()) w.error = "connect: " + ch.status().ToString();
-      ++shared.connect_failures;
-      continue;
-    }
-    ++shared.connected;
-    w.channels.push_back(*ch);
-    if (loops) {
-      for (long d = 0; d < cfg.depth; ++d) {
-        asio::co_spawn(ex, Loop(cfg, shared, w, *ch), asio::detached);
-      }
+    auto ch = co_await ConnectOne(cfg, shared, w);
+    if (!ch) continue;
+    for (long d = 0; d < cfg.depth; ++d) {
+      asio::co_spawn(ex, Loop(cfg, shared, w, ch), asio::detached);
     }
   }
 }
@@ -298,14 +304,7 @@ asio::awaitable<void> OpenConnections(const ClientConfig& cfg, Shared& shared, W
   auto opener = [&]() -> asio::awaitable<void> {
     while (next < n) {
       ++next;
-      auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
-      if (ch.ok()) {
-        ++shared.connected;
-        w.channels.push_back(*ch);
-      } else {
-        if (w.error.empty()) w.error = "connect: " + ch.status().ToString();
-        ++shared.connect_failures;
-      }
+      co_await ConnectOne(cfg, shared, w);
     }
     // Sets the time rather than cancelling: also right if this ends before the wait begins.
     if (--running == 0) done.expires_at(asio::steady_timer::time_point::min());
@@ -414,7 +413,7 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
     return rc;
   };
   // Baselines first, with one connection open: this process, and the server via Stats.
-  on_loop(StartConnections(cfg, shared, w, 1, false));
+  on_loop(OpenConnections(cfg, shared, w, 1, 1));
   if (w.channels.empty()) {
     std::cerr << "rdmarpc_bench: " << w.error << "\n";
     return finish(1);
@@ -480,8 +479,7 @@ int RunClient(const ClientConfig& cfg) {
   for (long t = 0; t < cfg.threads; ++t) workers.push_back(std::make_unique<Worker>());
   for (long t = 0; t < cfg.threads; ++t) {
     const long n = cfg.connections / cfg.threads + (t < cfg.connections % cfg.threads ? 1 : 0);
-    asio::co_spawn(workers[t]->ioc, StartConnections(cfg, shared, *workers[t], n, true),
-                   asio::detached);
+    asio::co_spawn(workers[t]->ioc, StartConnections(cfg, shared, *workers[t], n), asio::detached);
     asio::co_spawn(workers[t]->ioc, KeepAlive(shared), asio::detached);
   }
   std::vector<std::thread> threads;
