@@ -7,12 +7,15 @@
 // rdma_garbage_test.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <span>
 #include <thread>
 
 #include "test/raw_peer.h"
@@ -95,6 +98,69 @@ TEST_CASE("a client that stops reading is throttled, not buffered without bound;
       FAIL("PONG " << i << " answers PING " << pongs[i].call_id);
     }
   }
+}
+
+TEST_CASE("large replies to a client that is not reading wait, then arrive whole",
+          "[hostile][backpressure]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen);
+  // Over TCP, more than the sockets' buffers hold, large and small mixed: the server's gathered
+  // writes of large replies (transport/tcp: SendGathered) go partly to the kernel and the rest
+  // to its queue, behind and ahead of small ones.
+  const std::vector<size_t> sizes = {1 << 20,       10,    (1 << 20) + 7, 300000, 3,
+                                     (2 << 20) + 1, 70000, 1 << 20,       5,      (1 << 20) + 3};
+  // First a request whose writer offers 150 pieces, copied and borrowed in turn: more than one
+  // gathered write takes (64), so TCP queues the rest by copy.
+  struct ManyPieces final : transport::MessageWriter {
+    std::string frame;
+    size_t size() const override { return frame.size(); }
+    void WriteTo(std::byte* dst) const override { std::memcpy(dst, frame.data(), frame.size()); }
+    bool WritePieces(transport::PieceSink& sink) const override {
+      const auto all = std::as_bytes(std::span(frame.data(), frame.size()));
+      const size_t step = frame.size() / 150 + 1;
+      for (size_t at = 0, i = 0; at < all.size(); at += step, ++i) {
+        const auto piece = all.subspan(at, std::min(step, all.size() - at));
+        i % 2 ? sink.Borrow(piece) : sink.Copy(piece);
+      }
+      return true;
+    }
+  } many;
+  many.frame = EchoRequestFrame(sizes.size() + 1, 0, Pattern(300000, 99));
+  auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    conn->Send(many);
+    conn->PauseReceiving();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      conn->Send(Bytes(EchoRequestFrame(i + 1, 0, Pattern(sizes[i], i + 1))));
+    }
+    // The server answers what it can meanwhile, into full socket buffers.
+    asio::steady_timer wait(co_await asio::this_coro::executor, 300ms);
+    co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    conn->ResumeReceiving();
+    co_await WaitUntil(
+        [&] { return FramesWithPayload(*peer, FrameType::kResponse).size() == sizes.size() + 1; },
+        20000ms);
+    conn->Close();
+    co_return peer;
+  }());
+  auto responses = FramesWithPayload(*peer, FrameType::kResponse);
+  REQUIRE(responses.size() == sizes.size() + 1);
+  std::vector<bool> seen(sizes.size() + 1);
+  for (const auto& [h, payload] : responses) {
+    INFO("call " << h.call_id);
+    REQUIRE(h.status == 0);
+    REQUIRE(h.call_id >= 1);
+    REQUIRE(h.call_id <= sizes.size() + 1);
+    EchoReply reply;
+    REQUIRE(reply.ParseFromString(payload));
+    if (h.call_id <= sizes.size()) {
+      CHECK(reply.payload() == Pattern(sizes[h.call_id - 1], h.call_id));
+    } else {
+      CHECK(reply.payload() == Pattern(300000, 99));
+    }
+    seen[h.call_id - 1] = true;
+  }
+  CHECK(std::count(seen.begin(), seen.end(), true) == int(sizes.size() + 1));
 }
 
 TEST_CASE("a valid request followed by a malformed frame still gets its reply, then GOAWAY",

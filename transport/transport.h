@@ -68,6 +68,19 @@ struct Options {
   }
 };
 
+// Takes a message piece by piece, in order (MessageWriter::WritePieces).
+class PieceSink {
+ public:
+  // Bytes the writer built (headers, small fields): copied before Copy returns.
+  virtual void Copy(std::span<const std::byte> bytes) = 0;
+  // Bytes the writer only points at (a large payload it holds): the sink may keep the span, which
+  // must stay valid and unchanged until the Connection::Send that asked for pieces returns.
+  virtual void Borrow(std::span<const std::byte> bytes) = 0;
+
+ protected:
+  ~PieceSink() = default;
+};
+
 // Writes one outgoing message straight into transport-owned memory (the TCP write buffer, or a
 // registered RDMA send buffer), so that the RPC layer serializes without an extra copy.
 class MessageWriter {
@@ -75,6 +88,11 @@ class MessageWriter {
   virtual size_t size() const = 0;
   // Writes exactly size() bytes to dst.
   virtual void WriteTo(std::byte* dst) const = 0;
+  // Optional: hands the same size() bytes to `sink` as pieces, large payloads borrowed where they
+  // lie, so that a transport can give them to the kernel without copying them into its own
+  // buffer first (TCP does for large messages: one payload copy fewer). False, having handed over
+  // nothing, when the writer cannot (the default); the transport then calls WriteTo.
+  virtual bool WritePieces(PieceSink& /*sink*/) const { return false; }
 
  protected:
   ~MessageWriter() = default;

@@ -1,6 +1,8 @@
 // Internal: writes one RPC frame (header, metadata, payload) straight into transport memory.
 #pragma once
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream.h>
 #include <google/protobuf/message_lite.h>
 
 #include <cstring>
@@ -29,6 +31,27 @@ class FrameWriter final : public transport::MessageWriter {
     return kFrameHeaderBytes + header_.metadata_bytes + payload_bytes_;
   }
 
+  // For large messages over TCP: the header and metadata are copied, the message serialized by
+  // protobuf with aliasing on, so that its bytes and string fields of a few KiB and more are
+  // borrowed where they lie (see PieceStream). Not for raw payloads (small), nor with more
+  // metadata than fits the stack buffer below (rare; WriteTo then does it all).
+  bool WritePieces(transport::PieceSink& sink) const override {
+    if (!message_) return false;
+    std::byte head[kFrameHeaderBytes + kInlineMetadataBytes];
+    if (header_.metadata_bytes > kInlineMetadataBytes) return false;
+    EncodeFrameHeader(header_, head);
+    if (header_.metadata_bytes) EncodeMetadata(*metadata_, head + kFrameHeaderBytes);
+    sink.Copy(std::span<const std::byte>(head, kFrameHeaderBytes + header_.metadata_bytes));
+    PieceStream pieces(sink);
+    {
+      google::protobuf::io::CodedOutputStream out(&pieces);
+      out.EnableAliasing(true);
+      message_->SerializeWithCachedSizes(&out);
+    }  // (its destructor hands back what it did not use of the last chunk)
+    pieces.Finish();
+    return true;
+  }
+
   void WriteTo(std::byte* dst) const override {
     EncodeFrameHeader(header_, dst);
     dst += kFrameHeaderBytes;
@@ -44,6 +67,52 @@ class FrameWriter final : public transport::MessageWriter {
   }
 
  private:
+  static constexpr size_t kInlineMetadataBytes = 1024;
+
+  // protobuf's output stream over a PieceSink. It serializes into one chunk on the stack and
+  // hands each filled chunk to Copy; with aliasing enabled, protobuf passes a bytes or string
+  // field that does not fit the room left in the current chunk to WriteAliasedRaw instead,
+  // which borrows it (so fields of about kChunk bytes and more are never copied here).
+  class PieceStream final : public google::protobuf::io::ZeroCopyOutputStream {
+   public:
+    explicit PieceStream(transport::PieceSink& sink) : sink_(sink) {}
+    bool Next(void** data, int* size) override {
+      Finish();
+      *data = chunk_;
+      *size = kChunk;
+      given_ = true;
+      count_ += kChunk;
+      return true;
+    }
+    void BackUp(int count) override {
+      // protobuf trims (BackUp) again after an aliased write, with nothing given out: count 0.
+      if (!given_) return;
+      sink_.Copy(std::span<const std::byte>(chunk_, kChunk - count));
+      given_ = false;
+      count_ -= count;
+    }
+    int64_t ByteCount() const override { return count_; }
+    bool AllowsAliasing() const override { return true; }
+    bool WriteAliasedRaw(const void* data, int size) override {
+      Finish();  // (protobuf trims the chunk before aliasing: normally nothing to hand over)
+      sink_.Borrow(std::span<const std::byte>(static_cast<const std::byte*>(data), size));
+      count_ += size;
+      return true;
+    }
+    // Hands over a chunk that was given out and filled to the end (no BackUp came).
+    void Finish() {
+      if (given_) sink_.Copy(std::span<const std::byte>(chunk_, kChunk));
+      given_ = false;
+    }
+
+   private:
+    static constexpr int kChunk = 4096;
+    transport::PieceSink& sink_;
+    std::byte chunk_[kChunk];
+    bool given_ = false;
+    int64_t count_ = 0;
+  };
+
   FrameHeader header_;
   const Metadata* metadata_ = nullptr;
   const google::protobuf::MessageLite* message_ = nullptr;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include <boost/asio/write.hpp>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "transport/acceptor.h"
 #include "transport/handler_slot.h"
@@ -42,6 +44,13 @@ namespace {
 constexpr size_t kInitialReadBufferBytes = 64 * 1024;
 // Buffers that grew for a large message shrink back once idle, so idle connections stay small.
 constexpr size_t kShrinkAboveBytes = 1 << 20;
+// Messages at least this large leave through SendGathered: their large fields go from the
+// sender's memory to the kernel, not through the send buffer first. Below it, one copy is
+// cheaper than a gathered write's bookkeeping, and small messages batch better.
+constexpr size_t kGatherAboveBytes = 64 * 1024;
+// The most pieces one gathered write hands the kernel (far below the system's IOV_MAX); the
+// pieces of a message with more are queued by copy after it.
+constexpr int kMaxGatherPieces = 64;
 
 void StoreLe32(std::byte* p, uint32_t v) {
   v = htole32(v);
@@ -137,9 +146,18 @@ class TcpConnection final : public Connection,
     if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
-    std::byte* at = pending_.Append(kLengthPrefixBytes + n);
-    StoreLe32(at, static_cast<uint32_t>(n));
-    message.WriteTo(at + kLengthPrefixBytes);
+    // A large message leaves at once, gathered (SendGathered); not while receiving is paused (a
+    // write that empties the queue here would owe the handler an OnSendProgress, which may not
+    // come from inside Send), nor behind a large queue (copied once more if the kernel takes
+    // little).
+    if (n >= kGatherAboveBytes && !writing_ && !paused_ && pending_.size() < kGatherAboveBytes &&
+        SendGathered(message, n)) {
+      if (pending_.empty()) return true;  // the kernel took it all
+    } else {
+      std::byte* at = pending_.Append(kLengthPrefixBytes + n);
+      StoreLe32(at, static_cast<uint32_t>(n));
+      message.WriteTo(at + kLengthPrefixBytes);
+    }
     if (!writing_ && !flush_scheduled_ && !delivering_) {
       // Defer the write to the end of this event-loop turn so that every message queued in the
       // same turn leaves in one syscall. (A message queued while a delivery hands out what was
@@ -221,6 +239,8 @@ class TcpConnection final : public Connection,
     bool empty() const { return size_ == 0; }
     size_t capacity() const { return cap_; }
     void clear() { size_ = 0; }
+    // Drops what follows the first n bytes (n <= size()).
+    void Truncate(size_t n) { size_ = n; }
     void Release() {
       data_.reset();
       size_ = cap_ = 0;
@@ -243,6 +263,97 @@ class TcpConnection final : public Connection,
     std::unique_ptr<std::byte[]> data_;
     size_t size_ = 0, cap_ = 0;
   };
+
+  // A large message's pieces (MessageWriter::WritePieces), in order: copied ones are appended
+  // to a SendBuffer (kept by offset: it may move as it grows), borrowed ones by address, valid
+  // until the Send that gathered them returns.
+  class Gather final : public PieceSink {
+   public:
+    struct Piece {
+      const std::byte* borrowed;  // null: in owned_ from `offset`
+      size_t offset, size;
+    };
+    explicit Gather(SendBuffer& owned) : owned_(owned) {}
+    void Copy(std::span<const std::byte> b) override {
+      if (b.empty()) return;
+      const size_t at = owned_.size();
+      std::memcpy(owned_.Append(b.size()), b.data(), b.size());
+      if (!pieces_.empty() && !pieces_.back().borrowed) {
+        pieces_.back().size += b.size();  // (contiguous with the last owned piece)
+      } else {
+        pieces_.push_back({nullptr, at, b.size()});
+      }
+      total_ += b.size();
+    }
+    void Borrow(std::span<const std::byte> b) override {
+      if (b.empty()) return;
+      pieces_.push_back({b.data(), 0, b.size()});
+      total_ += b.size();
+    }
+    const std::byte* data(const Piece& p) const {
+      return p.borrowed ? p.borrowed : owned_.data() + p.offset;
+    }
+    const std::vector<Piece>& pieces() const { return pieces_; }
+    size_t total() const { return total_; }
+
+   private:
+    SendBuffer& owned_;
+    std::vector<Piece> pieces_;
+    size_t total_ = 0;
+  };
+
+  // Writes what is queued (less than kGatherAboveBytes) and then the length prefix and `message`
+  // (n bytes) in one sendmsg, the message's large fields straight from the writer's memory: one
+  // copy fewer than through the queue. What the kernel does not take is queued in order, for
+  // Flush. False, with nothing written and the queue as it was, when the writer gives no pieces.
+  bool SendGathered(const MessageWriter& message, size_t n) {
+    const size_t queued = pending_.size();
+    Gather gather(pending_);  // copied pieces go after the queue
+    std::byte prefix[kLengthPrefixBytes];
+    StoreLe32(prefix, static_cast<uint32_t>(n));
+    gather.Copy(prefix);
+    if (!message.WritePieces(gather) || gather.total() != kLengthPrefixBytes + n) {
+      pending_.Truncate(queued);  // (pieces that disagree with size(): WriteTo is the reference)
+      return false;
+    }
+    iovec iov[kMaxGatherPieces + 1];
+    size_t count = 0;
+    if (queued) iov[count++] = {const_cast<std::byte*>(pending_.data()), queued};
+    for (const auto& p : gather.pieces()) {
+      if (count == std::size(iov)) break;
+      iov[count++] = {const_cast<std::byte*>(gather.data(p)), p.size};
+    }
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = count;
+    ssize_t w;
+    do {
+      w = ::syscall(SYS_sendmsg, fd_, &mh, MSG_NOSIGNAL);
+    } while (w < 0 && errno == EINTR);
+    // A full socket (EAGAIN) queues it all; so does any other error, which Flush then meets
+    // again and closes the connection with, as for any queued write.
+    size_t skip = w < 0 ? 0 : static_cast<size_t>(w);
+    if (skip == queued + gather.total()) {
+      pending_.clear();
+      if (pending_.capacity() > kShrinkAboveBytes) pending_.Release();
+      return true;
+    }
+    // The rest, in order, built in inflight_ (unused while not writing) and swapped in.
+    auto keep = [&](const std::byte* p, size_t size) {
+      if (skip >= size) {
+        skip -= size;
+        return;
+      }
+      std::memcpy(inflight_.Append(size - skip), p + skip, size - skip);
+      skip = 0;
+    };
+    keep(pending_.data(), queued);
+    for (const auto& p : gather.pieces()) keep(gather.data(p), p.size);
+    pending_.swap(inflight_);
+    inflight_.clear();
+    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.Release();
+    return true;
+  }
 
   void CloseWith(std::string reason) {
     if (!handler_.MarkClosed(std::move(reason))) return;
