@@ -26,6 +26,17 @@ CONNECTIONS_HISTORY = (
     "start the client; fixed the same day, and the VM section below is from the run after the "
     "fix.")
 
+# How this run was made, where it was not one run_all.sh from start to end.
+RUN_NOTE = (
+    "This run (2026-12-03, on 874e49c): the TCP latency table, the 1 MiB throughput line and the "
+    "server streams come from running run_all.sh's TCP section again by hand right after the "
+    "full run (the same lines, which since this run take 3 interleaved rounds per row), because "
+    "the full run's single round met a slow moment of this shared machine: its raw 1 MiB round "
+    "trip took 1,810 us against 450-530 us in by-hand rounds the same hour, so its 1 MiB ratio "
+    "(1.22x) rested on a slow baseline and is not counted. The rerun was noisy too (raw 1 MiB "
+    "750-1,106 us). The TCP connection rows, callgrind, the metrics overhead and the VM section "
+    "are from the full run.")
+
 # Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (
     "Earlier runs (same command, same machine): 2026-12-01, before interceptors bound to each "
@@ -92,6 +103,41 @@ def load(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def tcp_round_ratio(r):
+    """The figure a TCP row is judged by: at depth 1 rdmarpc's p50 over the raw ping-pong's; at
+    depth > 1 rdmarpc's calls/s over gRPC's."""
+    if r["depth"] == 1:
+        return r["rdmarpc"]["p50_us"] / r["raw"]["p50_us"]
+    return r["rdmarpc"]["calls_per_s"] / r["grpc"]["calls_per_s"]
+
+
+def median_tcp_rounds(rows):
+    """Rows of kind tcp_round (run_all.sh: interleaved rounds per payload and depth) become one
+    row of kind tcp each, where the first round was: the round with the median ratio, whole (so
+    every figure of a table row comes from one moment), with every round's ratio in
+    `round_ratios`. Rows of kind tcp (older runs: one round) are kept as they are."""
+    groups = {}
+    for r in rows:
+        if r.get("kind") == "tcp_round":
+            groups.setdefault((r["bytes"], r["depth"]), []).append(r)
+    out, done = [], set()
+    for r in rows:
+        if r.get("kind") != "tcp_round":
+            out.append(r)
+            continue
+        key = (r["bytes"], r["depth"])
+        if key in done:
+            continue
+        done.add(key)
+        rounds = groups[key]
+        ranked = sorted(rounds, key=tcp_round_ratio)
+        m = dict(ranked[(len(ranked) - 1) // 2])
+        m["kind"] = "tcp"
+        m["round_ratios"] = [tcp_round_ratio(x) for x in rounds]
+        out.append(m)
+    return out
 
 
 def size_name(b):
@@ -161,7 +207,7 @@ def machine():
 
 def main():
     res, out_md = sys.argv[1], sys.argv[2]
-    tcp = load(os.path.join(res, "tcp.jsonl"))
+    tcp = median_tcp_rounds(load(os.path.join(res, "tcp.jsonl")))
     cpu = load(os.path.join(res, "cpu.jsonl"))
     rdma = load(os.path.join(res, "rdma.jsonl"))
     perf = {(r["tool"], r["bytes"]): r for r in rdma if r.get("kind") == "perftest"}
@@ -185,6 +231,8 @@ def main():
     w("")
     w("Produced by `tools/bench/run_all.sh` (one script, every table and plot below) on "
       f"{time.strftime('%Y-%m-%d')}. Machine: {machine()}.")
+    w("")
+    w(RUN_NOTE)
     w("")
     w("These machines are shared and noisy: every comparison below ran side by side in one run; "
       "quote the ratios rather than the absolute numbers. Latency is the round trip of one call "
@@ -349,9 +397,12 @@ def main():
       "parsed message (protobuf's parse), and in this benchmark by the echo handler (request "
       "payload into the reply); the raw ping-pong reads into one fixed buffer and writes it "
       "back. By hand when it landed (`rdmarpc_bench --target URI --request-bytes 1048576 --depth 1 "
-      "--duration 3 --warmup 1`, the bench binaries of 0aa38fe and of the change, 5 interleaved "
-      "rounds each next to `tcp_pingpong --bytes 1048576`): median p50 1,105.9 -> 815.1 us, "
-      "raw 505.9 us; median per-round ratio 2.21x -> 1.74x. In an earlier build of the change, "
+      "--duration 3 --warmup 1`, the bench binaries of 0aa38fe and of 874e49c, 5 interleaved "
+      "rounds each next to `tcp_pingpong --bytes 1048576`, twice, 08:02 and 08:27): median p50 "
+      "1,105.9 -> 815.1 us (raw 505.9 us), median per-round ratio 2.21x -> 1.74x; then 1,155.1 "
+      "-> 905.2 us (raw 464.9 us), 2.40x -> 1.89x. So the 2x target holds in quiet rounds; in "
+      "run_all's rounds of this run (a noisy hour: the same two binaries gave 0.83x-2.76x within "
+      "minutes) it did not, and it is not counted as met. In an earlier build of the change, "
       "1 MiB one way at depth 4 2,855 -> 3,148 MB/s, a 64 KiB server stream 2,353-2,586 -> "
       "2,758-3,048 MB/s (3 rounds each).")
     w("")
@@ -455,6 +506,14 @@ def main():
       "limits (raised to 64 MiB; its flow-control windows are not tuned, which shows at 64 KiB "
       "and above). rdmarpc's server and client each use one "
       "I/O thread here; gRPC uses its own thread pools (on this 2-core machine, both cores).")
+    rounds = [r for r in tcp if r.get("kind") == "tcp" and r.get("round_ratios")]
+    if rounds:
+        w("")
+        w("Each payload and depth ran in 3 interleaved rounds (rdmarpc, raw, gRPC, then again); a "
+          "row is the round whose ratio (depth 1: rdmarpc p50 / raw p50; depth 32: rdmarpc calls/s "
+          "/ gRPC calls/s) is the median, all its figures from that round. Every round's ratio: " +
+          "; ".join(f"{size_name(r['bytes'])} depth {r['depth']}: " +
+                    " / ".join(f"{q:.2f}x" for q in r["round_ratios"]) for r in rounds) + ".")
     w("")
     w("| payload | depth | raw p50 (us) | rdmarpc p50 (us) | p50 ratio | gRPC p50 (us) | "
       "raw calls/s | rdmarpc calls/s | gRPC calls/s | rdmarpc p99 (us) | gRPC p99 (us) |")

@@ -38,13 +38,18 @@ for depth in 1 32; do
   sizes="64 4096 65536 1048576"
   [ "$depth" = 32 ] && sizes="64"
   for size in $sizes; do
-    r=$($bin/rdmarpc_bench --target "$target" --request-bytes "$size" --depth "$depth" \
-        --duration 3 --warmup 1 --json)
-    p=$($bin/tcp_pingpong --port 7495 --bytes "$size" --depth "$depth" --duration 3 --warmup 1 --json)
-    g=$($bin/grpc_bench --target "$grpc_target" --request-bytes "$size" --depth "$depth" \
-        --duration 3 --warmup 1 --json)
-    echo "{\"kind\":\"tcp\",\"bytes\":$size,\"depth\":$depth,\"rdmarpc\":$r,\"raw\":$p,\"grpc\":$g}" >> "$res/tcp.jsonl"
-    echo "  $size B depth $depth: rdmarpc p50 $(echo "$r" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, raw p50 $(echo "$p" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, gRPC p50 $(echo "$g" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us"
+    # Three interleaved rounds: this machine's speed drifts by 2x within minutes (a 1 MiB raw
+    # round trip measured 470 us and 1,810 us in one session), so one round of each can compare
+    # a fast moment with a slow one. report.py shows the round with the median ratio.
+    for round in 1 2 3; do
+      r=$($bin/rdmarpc_bench --target "$target" --request-bytes "$size" --depth "$depth" \
+          --duration 3 --warmup 1 --json)
+      p=$($bin/tcp_pingpong --port 7495 --bytes "$size" --depth "$depth" --duration 3 --warmup 1 --json)
+      g=$($bin/grpc_bench --target "$grpc_target" --request-bytes "$size" --depth "$depth" \
+          --duration 3 --warmup 1 --json)
+      echo "{\"kind\":\"tcp_round\",\"round\":$round,\"bytes\":$size,\"depth\":$depth,\"rdmarpc\":$r,\"raw\":$p,\"grpc\":$g}" >> "$res/tcp.jsonl"
+      echo "  $size B depth $depth round $round: rdmarpc p50 $(echo "$r" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, raw p50 $(echo "$p" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us, gRPC p50 $(echo "$g" | sed 's/.*"p50_us":\([0-9.]*\).*/\1/') us"
+    done
   done
 done
 r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
