@@ -39,9 +39,7 @@ class FrameWriter final : public transport::MessageWriter {
     if (!message_) return false;
     std::byte head[kFrameHeaderBytes + kInlineMetadataBytes];
     if (header_.metadata_bytes > kInlineMetadataBytes) return false;
-    EncodeFrameHeader(header_, head);
-    if (header_.metadata_bytes) EncodeMetadata(*metadata_, head + kFrameHeaderBytes);
-    sink.Copy(std::span<const std::byte>(head, kFrameHeaderBytes + header_.metadata_bytes));
+    sink.Copy(std::span<const std::byte>(head, WriteHead(head)));
     PieceStream pieces(sink);
     {
       google::protobuf::io::CodedOutputStream out(&pieces);
@@ -53,12 +51,7 @@ class FrameWriter final : public transport::MessageWriter {
   }
 
   void WriteTo(std::byte* dst) const override {
-    EncodeFrameHeader(header_, dst);
-    dst += kFrameHeaderBytes;
-    if (header_.metadata_bytes) {
-      EncodeMetadata(*metadata_, dst);
-      dst += header_.metadata_bytes;
-    }
+    dst += WriteHead(dst);
     if (message_) {
       message_->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(dst));
     } else if (!raw_.empty()) {
@@ -68,6 +61,13 @@ class FrameWriter final : public transport::MessageWriter {
 
  private:
   static constexpr size_t kInlineMetadataBytes = 1024;
+
+  // Writes the frame header and the metadata to dst; returns how many bytes that was.
+  size_t WriteHead(std::byte* dst) const {
+    EncodeFrameHeader(header_, dst);
+    if (header_.metadata_bytes) EncodeMetadata(*metadata_, dst + kFrameHeaderBytes);
+    return kFrameHeaderBytes + header_.metadata_bytes;
+  }
 
   // protobuf's output stream over a PieceSink. It serializes into one chunk on the stack and
   // hands each filled chunk to Copy; with aliasing enabled, protobuf passes a bytes or string

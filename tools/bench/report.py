@@ -268,18 +268,18 @@ def main():
               f"{cpu_met(rdma_ir[side], rdma_cg, side)} |")
     t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
     if t64:
-        q = t64["rdmarpc"]["p50_us"] / t64["raw"]["p50_us"]
+        q = tcp_round_ratio(t64)
         w(f"| TCP: 64 B round trip within 1.15x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 1.15 else 'no'} |")
     t32 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 32
                 and "grpc" in r), None)
     if t32:
-        q = t32["rdmarpc"]["calls_per_s"] / t32["grpc"]["calls_per_s"]
+        q = tcp_round_ratio(t32)
         w(f"| TCP: 64 B at depth 32, at least 4x gRPC C++'s calls/s | {q:.2f}x "
           f"({t32['rdmarpc']['calls_per_s']:,.0f} vs {t32['grpc']['calls_per_s']:,.0f}) | "
           f"{'yes' if q >= 4 else 'no'} |")
     t1m = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 1048576 and r["depth"] == 1), None)
     if t1m:
-        q = t1m["rdmarpc"]["p50_us"] / t1m["raw"]["p50_us"]
+        q = tcp_round_ratio(t1m)
         w(f"| TCP: 1 MiB round trip within 2x of the raw ping-pong | {q:.2f}x | {'yes' if q <= 2 else 'no'} |")
     wl = perf.get(("ib_write_lat", 64))
     bp = ours.get(("busy-poll", 64))

@@ -239,6 +239,12 @@ class TcpConnection final : public Connection,
     bool empty() const { return size_ == 0; }
     size_t capacity() const { return cap_; }
     void clear() { size_ = 0; }
+    // Empties it once everything in it is written: keeps its memory for the next batch unless it
+    // grew past kShrinkAboveBytes for a large message (idle connections stay small).
+    void Written() {
+      size_ = 0;
+      if (cap_ > kShrinkAboveBytes) Release();
+    }
     // Drops what follows the first n bytes (n <= size()).
     void Truncate(size_t n) { size_ = n; }
     void Release() {
@@ -334,8 +340,7 @@ class TcpConnection final : public Connection,
     // again and closes the connection with, as for any queued write.
     size_t skip = w < 0 ? 0 : static_cast<size_t>(w);
     if (skip == queued + gather.total()) {
-      pending_.clear();
-      if (pending_.capacity() > kShrinkAboveBytes) pending_.Release();
+      pending_.Written();
       return true;
     }
     // The rest, in order, built in inflight_ (unused while not writing) and swapped in.
@@ -350,8 +355,7 @@ class TcpConnection final : public Connection,
     keep(pending_.data(), queued);
     for (const auto& p : gather.pieces()) keep(gather.data(p), p.size);
     pending_.swap(inflight_);
-    inflight_.clear();
-    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.Release();
+    inflight_.Written();
     return true;
   }
 
@@ -408,8 +412,7 @@ class TcpConnection final : public Connection,
       n = 0;
     }
     if (static_cast<size_t>(n) == pending_.size()) {
-      pending_.clear();
-      if (pending_.capacity() > kShrinkAboveBytes) pending_.Release();
+      pending_.Written();
       AfterWrite();
       return;
     }
@@ -463,8 +466,7 @@ class TcpConnection final : public Connection,
     }
     writing_ = false;
     write_waiter_.reset();  // (inside its own handler is fine: the wait is over)
-    inflight_.clear();
-    if (inflight_.capacity() > kShrinkAboveBytes) inflight_.Release();
+    inflight_.Written();
     if (AfterWrite()) Flush();
   }
 
