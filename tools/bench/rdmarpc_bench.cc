@@ -24,10 +24,12 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "rpc/event_loop.h"
@@ -216,6 +218,15 @@ struct Shared {
   std::atomic<uint64_t> counted{0};  // for --calls and the progress line
   std::atomic<int> connect_failures{0};
   std::atomic<int> connected{0};
+  // The main thread sleeps on `wake` while calls run, and is woken when `stop` is set or a
+  // connection fails: waking it every few milliseconds to look would be counted in the client's
+  // instructions per call (callgrind counts the whole process), by more the slower a call.
+  std::mutex wake_mutex;
+  std::condition_variable wake;
+  void Notify() {
+    std::lock_guard<std::mutex> lock(wake_mutex);
+    wake.notify_all();
+  }
 };
 
 asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
@@ -261,7 +272,10 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
       if (cfg.latency) w.hist.Record(static_cast<uint64_t>(ns.count()));
       ++w.counted;
       const uint64_t n = shared.counted.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (cfg.calls > 0 && n >= static_cast<uint64_t>(cfg.calls)) shared.stop = true;
+      if (cfg.calls > 0 && n == static_cast<uint64_t>(cfg.calls)) {
+        shared.stop = true;
+        shared.Notify();
+      }
     }
   }
 }
@@ -273,6 +287,7 @@ asio::awaitable<std::shared_ptr<rdmarpc::Channel>> ConnectOne(const ClientConfig
   if (!ch.ok()) {
     if (w.error.empty()) w.error = "connect: " + ch.status().ToString();
     ++shared.connect_failures;
+    shared.Notify();
     co_return nullptr;
   }
   ++shared.connected;
@@ -314,15 +329,6 @@ asio::awaitable<void> OpenConnections(const ClientConfig& cfg, Shared& shared, W
     asio::co_spawn(ex, opener, asio::detached);
   }
   if (running > 0) co_await done.async_wait(asio::as_tuple(asio::use_awaitable));
-}
-
-// Keeps an io_context running until `stop`, even when it has no work for a moment.
-asio::awaitable<void> KeepAlive(Shared& shared) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  while (!shared.stop) {
-    t.expires_after(std::chrono::milliseconds(20));
-    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-  }
 }
 
 std::string Fixed(double v, int digits) {
@@ -476,19 +482,25 @@ int RunClient(const ClientConfig& cfg) {
   Shared shared;
   const uint64_t server_rss_start = cfg.verify ? ServerRss(cfg) : 0;
   std::vector<std::unique_ptr<Worker>> workers;
-  for (long t = 0; t < cfg.threads; ++t) workers.push_back(std::make_unique<Worker>());
+  // Each loop keeps running, even with nothing to do for a moment, until its guard goes (a
+  // guard, not a periodic timer: a timer's wake-ups would be counted per call).
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
+  for (long t = 0; t < cfg.threads; ++t) {
+    workers.push_back(std::make_unique<Worker>());
+    guards.push_back(asio::make_work_guard(workers.back()->ioc));
+  }
   for (long t = 0; t < cfg.threads; ++t) {
     const long n = cfg.connections / cfg.threads + (t < cfg.connections % cfg.threads ? 1 : 0);
     asio::co_spawn(workers[t]->ioc, StartConnections(cfg, shared, *workers[t], n), asio::detached);
-    asio::co_spawn(workers[t]->ioc, KeepAlive(shared), asio::detached);
   }
   std::vector<std::thread> threads;
   for (auto& w : workers) threads.emplace_back([&w] { w->ioc.run(); });
 
   // Warm up, then measure for the duration (or until --calls), printing progress each second.
   const auto warm_until = Clock::now() + std::chrono::duration<double>(cfg.warmup_s);
-  while (Clock::now() < warm_until && shared.connect_failures == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  {
+    std::unique_lock<std::mutex> lock(shared.wake_mutex);
+    shared.wake.wait_until(lock, warm_until, [&] { return shared.connect_failures > 0; });
   }
   shared.measuring = true;
   const uint64_t client_rss_start = RssBytes();
@@ -496,8 +508,20 @@ int RunClient(const ClientConfig& cfg) {
   const auto until = start + std::chrono::duration<double>(cfg.duration_s);
   auto next_progress = start + std::chrono::seconds(1);
   uint64_t last = 0;
-  while (!shared.stop && shared.connect_failures == 0 && (cfg.calls > 0 || Clock::now() < until)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto done = [&] { return shared.stop || shared.connect_failures > 0; };
+  while (!done() && (cfg.calls > 0 || Clock::now() < until)) {
+    {
+      // Until the next progress line (--quiet: none), the end of the duration, or done.
+      auto wake_at = cfg.quiet ? Clock::time_point::max() : next_progress;
+      if (cfg.calls == 0)
+        wake_at = std::min(wake_at, std::chrono::time_point_cast<Clock::duration>(until));
+      std::unique_lock<std::mutex> lock(shared.wake_mutex);
+      if (wake_at == Clock::time_point::max()) {
+        shared.wake.wait(lock, done);
+      } else {
+        shared.wake.wait_until(lock, wake_at, done);
+      }
+    }
     if (!cfg.quiet && Clock::now() >= next_progress) {
       const uint64_t now_count = shared.counted.load();
       std::fprintf(stderr, "rdmarpc_bench: %.0f s: %lu calls/s\n",
@@ -514,6 +538,7 @@ int RunClient(const ClientConfig& cfg) {
   for (auto& w : workers) {
     asio::post(w->ioc, [&w] { w->channels.clear(); });
   }
+  guards.clear();
   for (auto& t : threads) t.join();
 
   const uint64_t server_rss_end = cfg.verify ? ServerRss(cfg) : 0;

@@ -53,6 +53,7 @@ Expected<ThreadDevice::CqSlot*> ThreadDevice::AcquireCq(uint32_t send_depth) {
   slot->cq.reset(ibv_create_cq(verbs_, cqe_, nullptr, channel_.get(), 0));
   if (!slot->cq) return Error{Errno("ibv_create_cq")};
   if (ibv_req_notify_cq(slot->cq.get(), 0)) return Error{Errno("ibv_req_notify_cq")};
+  slot->armed = true;
   slot->conns = 1;
   cqs_.push_back(std::move(slot));
   return cqs_.back().get();
@@ -212,11 +213,21 @@ void ThreadDevice::OnChannelReady() {
 void ThreadDevice::TakeEventsAndRearm() {
   // What the poller reported so far is taken here; events after this are reported anew.
   channel_ready_ = false;
+  // Read events only while an armed CQ may still have one queued: once every armed CQ's event
+  // is read, the channel is empty (no CQ raises a second event before it is re-armed), so the
+  // poller's edge-triggered watch sees the next one. Reading on until EAGAIN cost a read()
+  // system call per wake-up that never returned anything when one CQ serves the thread.
+  size_t armed = 0;
+  for (auto& slot : cqs_) armed += slot->armed;
   ibv_cq* cq;
   void* ctx;
-  while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+  while (armed > 0 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
     for (auto& slot : cqs_) {
       if (slot->cq.get() != cq) continue;
+      if (slot->armed) {
+        slot->armed = false;
+        --armed;
+      }
       slot->evented = true;
       // Acknowledge in batches: each ack takes a mutex inside libibverbs.
       if (++slot->unacked >= 64) {
@@ -226,7 +237,7 @@ void ThreadDevice::TakeEventsAndRearm() {
     }
   }
   for (auto& slot : cqs_) {
-    if (slot->evented) ibv_req_notify_cq(slot->cq.get(), 0);
+    if (slot->evented && !slot->armed) slot->armed = ibv_req_notify_cq(slot->cq.get(), 0) == 0;
   }
 }
 
@@ -324,6 +335,10 @@ uint32_t ThreadDevice::Poll(ibv_cq* cq) {
       }
       receives_owed_ = 0;
     }
+    // Fewer than asked for: the CQ was empty just now. Asking again would almost always find
+    // nothing (one more poll per wake-up); what completes from here on raises an event (the CQ
+    // was re-armed before this drain) or is found by the next spin or busy poll.
+    if (n < 32) break;
   }
   Count(Stat::kRdmaCqPolls, polls);
   if (taken) Count(Stat::kRdmaCompletions, taken);

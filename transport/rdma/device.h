@@ -42,6 +42,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
     unsigned unacked = 0;  // events taken with ibv_get_cq_event but not yet acknowledged
     unsigned conns = 0;
     bool evented = false;
+    // Armed with ibv_req_notify_cq and its event not read yet. A CQ raises at most one event
+    // per arming, so the channel holds at most one event per armed CQ (TakeEventsAndRearm).
+    bool armed = false;
   };
 
   // The device state of the I/O thread that runs `ex`, created on first use. Call on that thread.
