@@ -109,3 +109,67 @@ TEST_CASE("records that break the protocol are errors that name the fault", "[re
   CHECK_FALSE(c.assembling());
   CHECK(c.buffered() == 0);
 }
+
+TEST_CASE("Whole hands out exactly the whole messages Add hands out in place, nothing else",
+          "[record]") {
+  // The connection tries the inline Whole first and falls back to Add: together they must hand
+  // out the same messages, at the same addresses, and leave the assembler in the same state.
+  RecordAssembler fast(100), plain(100);
+  const std::vector<std::vector<std::byte>> records = {
+      Record(5, kRecordData, "hello"),
+      Record(0, kRecordData, ""),
+      Record(100, kRecordData, std::string(100, 'm')),  // at the limit
+      Record(101, kRecordData, std::string(101, 'o')),  // over it
+      Record(10, kRecordData, "abcd"),                  // the first chunk of 10 bytes
+      Record(10, kRecordData, "efghij"),                // the rest
+      Record(2, kRecordData, "abc"),                    // longer than its message
+      Record(4, 7, "abcd"),                             // unknown kind
+      Record(40, kRecordRendezvous, std::string(kRendezvousBodyBytes, '\0')),
+      std::vector<std::byte>(kRecordHeaderBytes - 1),  // shorter than a header
+  };
+  int whole = 0, added = 0;
+  // Every order of two records, so that each one is also seen mid-message.
+  for (const auto& first : records) {
+    for (const auto& second : records) {
+      for (const auto* rec : {&first, &second}) {
+        std::span<const std::byte> message;
+        const bool was_assembling = fast.assembling();
+        const bool is_whole = fast.Whole(*rec, &message);
+        Result p = plain.Add(*rec);
+        if (is_whole) {
+          ++whole;
+          REQUIRE_FALSE(was_assembling);
+          REQUIRE(p.kind == Result::kMessage);
+          REQUIRE(p.message.data() == message.data());
+          REQUIRE(p.message.size() == message.size());
+          REQUIRE(message.data() == rec->data() + kRecordHeaderBytes);
+        } else {
+          ++added;
+          Result f = fast.Add(*rec);
+          REQUIRE(f.kind == p.kind);
+          REQUIRE(f.error == p.error);
+          REQUIRE(Text(f.message) == Text(p.message));
+          if (p.kind == Result::kMessage) {
+            // A whole message in one record always goes the inline way; only a reassembled
+            // one comes from Add.
+            REQUIRE(p.message.data() != rec->data() + kRecordHeaderBytes);
+          }
+        }
+        REQUIRE(fast.assembling() == plain.assembling());
+        REQUIRE(fast.buffered() == plain.buffered());
+        if (p.kind == Result::kMessage) {
+          fast.Release();
+          plain.Release();
+        }
+        if (p.kind == Result::kError) {
+          fast.Reset();
+          plain.Reset();
+        }
+      }
+      fast.Reset();
+      plain.Reset();
+    }
+  }
+  CHECK(whole > 0);
+  CHECK(added > 0);
+}

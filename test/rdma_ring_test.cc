@@ -135,3 +135,53 @@ TEST_CASE("a connection started with nothing held processes completions at once"
   CHECK(gate.Pass(1));
   CHECK(gate.held() == 0);
 }
+
+TEST_CASE("AcceptAtHead takes exactly the records at the head that Accept takes, nothing else",
+          "[ring]") {
+  // The connection tries the inline AcceptAtHead first and falls back to Accept: together they
+  // must decide every record as Accept alone does, and leave the ring in the same state.
+  const uint32_t kRing = 4096;
+  ReceiveRing fast(kRing), plain(kRing);
+  std::mt19937 rng(7);
+  int took_fast = 0, fell_back_ok = 0, refused = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t head = plain.head();
+    uint64_t offset = head, bytes = 1 + rng() % 1100;
+    switch (rng() % 8) {
+      case 0:
+        offset = 0;
+        break;  // a skip back to 0 (or the head)
+      case 1:
+        offset = (head + 64 * (1 + rng() % 8)) % kRing;
+        break;  // out of order
+      case 2:
+        bytes = 0;
+        break;  // empty
+      case 3:
+        bytes = kRing - head + 1 + rng() % 64;
+        break;  // past the ring's end
+      case 4:
+        offset = kRing + rng() % 128;
+        break;  // outside
+      default:
+        break;  // at the head
+    }
+    const bool taken_fast = fast.AcceptAtHead(offset, bytes);
+    const bool ok_fast = taken_fast || fast.Accept(offset, bytes).ok();
+    const bool ok_plain = plain.Accept(offset, bytes).ok();
+    REQUIRE(ok_fast == ok_plain);
+    if (taken_fast) REQUIRE(offset == head);
+    REQUIRE(fast.head() == plain.head());
+    REQUIRE(fast.unreported() == plain.unreported());
+    took_fast += taken_fast;
+    fell_back_ok += ok_fast && !taken_fast;
+    refused += !ok_fast;
+    // Return credit now and then, as the connection does, so that records keep fitting (and
+    // sometimes let the ring fill, so that "past its credits" is met too).
+    if (rng() % 4 == 0) REQUIRE(fast.TakeCredits(0) == plain.TakeCredits(0));
+  }
+  // Every kind of outcome was met.
+  CHECK(took_fast > 10000);
+  CHECK(fell_back_ok > 100);
+  CHECK(refused > 10000);
+}

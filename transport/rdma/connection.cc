@@ -578,12 +578,22 @@ void RdmaConnection::SendPending() {
 }
 
 void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
-  if (auto accepted = recv_ring_.Accept(offset, bytes); !accepted.ok()) {
-    CloseWith("protocol error: " + accepted.error().message);
+  // Each step's common case inline first (a record at the ring's head holding a whole message);
+  // the general calls decide the rest and name what is wrong.
+  if (!recv_ring_.AcceptAtHead(offset, bytes)) {
+    if (auto accepted = recv_ring_.Accept(offset, bytes); !accepted.ok()) {
+      CloseWith("protocol error: " + accepted.error().message);
+      return;
+    }
+  }
+  const std::span<const std::byte> record(recv_buf_.get() + offset, bytes);
+  if (std::span<const std::byte> whole; assembler_.Whole(record, &whole)) {
+    handler_.get()->OnMessage(whole);  // in place in the ring
+    if (handler_.closed()) return;
+    ReturnCredits();
     return;
   }
-  RecordAssembler::Result r =
-      assembler_.Add(std::span<const std::byte>(recv_buf_.get() + offset, bytes));
+  RecordAssembler::Result r = assembler_.Add(record);
   switch (r.kind) {
     case RecordAssembler::Result::kError:
       CloseWith(std::move(r.error));

@@ -86,6 +86,21 @@ class RecordAssembler {
     std::string error;
   };
 
+  // Add's common case, small enough to inline and building no Result (whose error string and
+  // return cost ~50 instructions per message): a whole message in one data record while nothing
+  // is being assembled. Sets `*message` to it (inside the record) and returns true; else
+  // returns false, changing nothing, and the record goes to Add.
+  bool Whole(std::span<const std::byte> record, std::span<const std::byte>* message) const {
+    if (assembling_ || record.size() < kRecordHeaderBytes ||
+        RecordKind(record.data()) != kRecordData) {
+      return false;
+    }
+    const uint32_t total = RecordTotal(record.data());
+    if (total > max_message_bytes_ || record.size() - kRecordHeaderBytes != total) return false;
+    *message = record.subspan(kRecordHeaderBytes);
+    return true;
+  }
+
   // The next record of the ring, header included, in ring order.
   Result Add(std::span<const std::byte> record) {
     Result r;

@@ -116,6 +116,19 @@ class ReceiveRing {
     return {};
   }
 
+  // Accept's common case, small enough to inline and building no result: a record at the head
+  // that fits and is covered by credit. Returns false, changing nothing, for anything else;
+  // Accept then decides (a skip to 0 is valid) and says what is wrong.
+  bool AcceptAtHead(uint64_t offset, uint64_t bytes) {
+    if (offset != head_ || bytes == 0 || offset >= size_ || bytes > size_ - offset) return false;
+    const uint64_t used = AlignRecord(bytes);
+    if (offset + used > size_ || unreported_ + used > size_) return false;
+    head_ = offset + used;
+    if (head_ == size_) head_ = 0;
+    unreported_ += used;
+    return true;
+  }
+
   // Credits to return now: everything freed since the last report, once at least `threshold`
   // bytes (or `force`). Returns 0 when nothing is due.
   uint64_t TakeCredits(uint64_t threshold) {
