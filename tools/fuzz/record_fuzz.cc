@@ -1,11 +1,13 @@
 // Fuzz target: the RDMA receiver's record reassembly (transport/rdma/record.h), fed the records
-// a hostile peer could write into its ring. Input: byte 0 sets the message limit (1 + 4*b), then
-// records as [u8 length][length bytes] (header included). The messages and rendezvous handed out
-// must be exactly those a plain reference parse finds, an error must stop the stream, and the
+// a hostile peer could write into its ring, through the whole-message fast path first (Whole)
+// and the general Add after, as the receiver does. Input: byte 0 sets the message limit (1 + 4*b),
+// then records as [u8 length][length bytes] (header included). The messages and rendezvous handed
+// out must be exactly those a plain reference parse finds, an error must stop the stream, and the
 // reassembly buffer must never hold more than the chunks that arrived for the current message.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,9 +85,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<std::byte> rec(n);
     if (n) std::memcpy(rec.data(), data + at + 1, n);
     at += 1 + n;
-    const Result r = a.Add(rec);
     const std::string want = ref.Add(data + at - n, n);
+    // The receiver tries the whole-message fast path first, as RdmaConnection::OnRecord does:
+    // it must hand out exactly the reference's message, in place, and leave no state behind.
+    if (std::span<const std::byte> whole; a.Whole(rec, &whole)) {
+      if (want != "M:" + std::string(reinterpret_cast<const char*>(whole.data()), whole.size()) ||
+          whole.data() != rec.data() + 8 || a.assembling() || a.buffered() != 0) {
+        std::abort();
+      }
+      continue;
+    }
+    const Result r = a.Add(rec);
     if (Describe(r) != want) std::abort();
+    // A message in place in the record is one the fast path should have taken.
+    if (r.kind == Result::kMessage && !r.message.empty() && r.message.data() >= rec.data() &&
+        r.message.data() < rec.data() + n) {
+      std::abort();
+    }
     if (r.kind == Result::kError) break;
     if (r.kind == Result::kNeedMore) {
       arrived += n - 8;

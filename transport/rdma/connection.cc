@@ -589,25 +589,23 @@ void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
   const std::span<const std::byte> record(recv_buf_.get() + offset, bytes);
   if (std::span<const std::byte> whole; assembler_.Whole(record, &whole)) {
     handler_.get()->OnMessage(whole);  // in place in the ring
-    if (handler_.closed()) return;
-    ReturnCredits();
-    return;
-  }
-  RecordAssembler::Result r = assembler_.Add(record);
-  switch (r.kind) {
-    case RecordAssembler::Result::kError:
-      CloseWith(std::move(r.error));
-      return;
-    case RecordAssembler::Result::kRendezvous:
-      StartFetch(r.total, r.rendezvous);
-      break;
-    case RecordAssembler::Result::kMessage:
-      // In place in the ring (a whole message in one record), or reassembled from chunks.
-      handler_.get()->OnMessage(r.message);
-      assembler_.Release();
-      break;
-    case RecordAssembler::Result::kNeedMore:
-      break;
+  } else {
+    RecordAssembler::Result r = assembler_.Add(record);
+    switch (r.kind) {
+      case RecordAssembler::Result::kError:
+        CloseWith(std::move(r.error));
+        return;
+      case RecordAssembler::Result::kRendezvous:
+        StartFetch(r.total, r.rendezvous);
+        break;
+      case RecordAssembler::Result::kMessage:
+        // In place in the ring (a whole message in one record), or reassembled from chunks.
+        handler_.get()->OnMessage(r.message);
+        assembler_.Release();
+        break;
+      case RecordAssembler::Result::kNeedMore:
+        break;
+    }
   }
   if (handler_.closed()) return;
   ReturnCredits();
