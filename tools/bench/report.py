@@ -28,14 +28,18 @@ CONNECTIONS_HISTORY = (
 
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-03, on 874e49c): the TCP latency table, the 1 MiB throughput line and the "
-    "server streams come from running run_all.sh's TCP section again by hand right after the "
-    "full run (the same lines, which since this run take 3 interleaved rounds per row), because "
-    "the full run's single round met a slow moment of this shared machine: its raw 1 MiB round "
-    "trip took 1,810 us against 450-530 us in by-hand rounds the same hour, so its 1 MiB ratio "
-    "(1.22x) rested on a slow baseline and is not counted. The rerun was noisy too (raw 1 MiB "
-    "750-1,106 us). The TCP connection rows, callgrind, the metrics overhead and the VM section "
-    "are from the full run.")
+    "This run (2026-12-03, on 82f4285): one run_all.sh from start to end, in a noisy hour of "
+    "this shared machine: the TCP rounds' ratios spread widely (64 KiB 0.60x-3.48x, 1 MiB "
+    "1.61x-3.89x, gRPC at depth 32 1,761-3,326 us p50), so read the TCP ratios with their "
+    "rounds. Its VM boot measured events mode much slower than the run before (64 B p50 "
+    "2,801.7 us against 1,105.9). To tell a regression from the boot, right after it by hand "
+    "(tools/vm/rxe_vm.sh, one boot, 4 interleaved rounds of 3 s, `--poll-spin-us 0` on both "
+    "sides) the bench binaries of 04587bb, a0215f1 and 82f4285 gave 64 B p50 "
+    "3,752/2,802/1,450/1,450 us, 3,555/1,860/1,237/1,384 us and 3,850/1,204/1,221/1,122 us, and "
+    "4 KiB 6,324/2,605/2,540/2,572 us, 3,392/2,146/2,023/2,408 us and 2,769/2,056/2,441/2,212 us "
+    "(ib_write_lat 64 B RTT 94-137 us across the rounds): the newest build is the fastest or "
+    "equal in most rounds, and a round's figure moves 3x with the moment for all three alike, "
+    "so the events row of this run is the boot's, not a regression.")
 
 # Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (
@@ -94,7 +98,9 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '',
     'So 22-23% fewer instructions per call buy no measurable latency at depth 1 (the kernel\'s loopback and wake-ups dominate it), 12% more 1 MiB calls/s, and at depth 32 a median 7% fewer calls/s in this run (not a clear loss: the full run below, the same hour, measured 564,827 calls/s at depth 32 against 562,118 in the previous full run, and the same binary spread over 406-578 k calls/s in the metrics rounds). Over rdma:// in the VM, 80a1b4a\'s bench binary and the final one side by side in one boot (callgrind, 200 and 1,200 calls, events mode; the completion channel now also sits on the poller, 0a932c3): client 5,655 -> 5,090, server 5,888 -> 5,249.',
     '',
-    'The stream rows of the 2026-12-02 evening run (on 7ebfa71 + the failed-registration fix: TCP 64 KiB at 4,777 messages/s, 0.14x gRPC) were measured on a version of the poller that read a socket to EAGAIN in one go: a server stream\'s reader got to return window credit only once the socket was empty, and 64 KiB messages went stop-and-wait. Fixed right after (a read that fills its buffer continues from a posted handler, so that what it woke runs first); by hand, `rdmarpc_bench --stream --response-bytes 65536 --duration 2` against its own server, two rounds each: 80a1b4a 21,668 and 41,765 messages/s, the fix 42,263 and 44,832; 64 B: 3.67 M and 3.51 M against 3.57 M and 3.63 M. The next full run (2026-12-02 night) measured 21,031 messages/s at 64 KiB (about half the by-hand figures; 8.4x the 2,491 of gRPC): the 64 KiB stream rate moves a lot from run to run on this machine (80a1b4a by hand: 21,668 and 41,765 in two rounds); not investigated further this session.']
+    'The stream rows of the 2026-12-02 evening run (on 7ebfa71 + the failed-registration fix: TCP 64 KiB at 4,777 messages/s, 0.14x gRPC) were measured on a version of the poller that read a socket to EAGAIN in one go: a server stream\'s reader got to return window credit only once the socket was empty, and 64 KiB messages went stop-and-wait. Fixed right after (a read that fills its buffer continues from a posted handler, so that what it woke runs first); by hand, `rdmarpc_bench --stream --response-bytes 65536 --duration 2` against its own server, two rounds each: 80a1b4a 21,668 and 41,765 messages/s, the fix 42,263 and 44,832; 64 B: 3.67 M and 3.51 M against 3.57 M and 3.63 M. The next full run (2026-12-02 night) measured 21,031 messages/s at 64 KiB (about half the by-hand figures; 8.4x the 2,491 of gRPC): the 64 KiB stream rate moves a lot from run to run on this machine (80a1b4a by hand: 21,668 and 41,765 in two rounds); not investigated further this session.',
+    '',
+    'Over rdma:// on 2026-12-03 (eleventh session), two cuts to each wake-up and one to the benchmark itself, measured by hand in the VM, 04587bb\'s bench binary (A) against the new one (B) in one boot, callgrind as vm_bench.sh runs it and p50 latency of 64 B calls (`rdmarpc_bench --duration 4 --warmup 1`) in 3 interleaved rounds per polling mode. (1) The thread read the completion channel until EAGAIN after each wake-up: one read() per wake-up that returned nothing. Each armed CQ raises at most one event until it is re-armed, so the thread now reads only as many events as it has CQs armed (`ThreadDevice::TakeEventsAndRearm`; `rpc_integration_test` "calls over 250 connections of one thread" spans three CQs per side and fails -- calls hang -- when the count is wrong). (2) A CQ poll that returns less than a full batch ends the drain (the CQ was re-armed before it; one ibv_poll_cq per wake-up fewer). (3) `rdmarpc_bench`\'s client kept its loops alive with a 20 ms timer and its main thread looked every 5 ms whether the calls were done; under valgrind in the VM a call takes milliseconds, so those wake-ups were counted as ~0.5 timer expiries and ~1.7 sleeps per call in the client\'s figure (and its epoll_wait per call: 1.43-1.76 instead of ~1.0). The loops are now kept alive by work guards and the main thread sleeps until it is woken. Boot 1 (cuts 1 and 3): callgrind client 5,900 -> 4,058 (epoll_wait per call 1.76 -> 1.03), server 4,600 -> 4,537; p50 events 954.4 -> 839.7 us, adaptive 216.1 -> 132.1 us, busy-poll 152.6 -> 160.8 us (a path neither cut touches: noise). Boot 2 (all three; ib_write_lat 64 B round trip 40-58 us, a slow boot): client 5,096 -> 4,016 (1.43 -> 1.04), server 4,601 -> 4,480; p50 events 1,155.1 -> 962.6 us, adaptive 387.1 -> 370.7 us (rounds A 387/6,390/379, B 1,237/371/261), busy-poll 238.6 -> 236.5 us. Then (5b537b1) a record at the ring\'s head holding a whole message takes inline fast paths (`ReceiveRing::AcceptAtHead`, `RecordAssembler::Whole`) before the general checks, which build a result with an error string per message. The full run on 82f4285, in its own boot, against the run on 874e49c: client 4,673 -> 3,828 (epoll_wait per call 1.28 -> 1.04), server 4,609 -> 4,305; the fast paths\' own share was not measured apart (by the profile, Accept and Add took about 118 instructions per message on the server before them).']
 
 
 
@@ -369,7 +375,13 @@ def main():
       "events-mode figure moved more between rounds than the cut). From that session on the "
       "client's count leaves out the benchmark's own timing of each call (`rdmarpc_bench "
       "--no-latency` in `callgrind_pair` and vm_bench.sh: two clock reads and a histogram "
-      "record, 74 instructions, same binary 2,783 -> 2,709), which is not rdmarpc's work. "
+      "record, 74 instructions, same binary 2,783 -> 2,709), which is not rdmarpc's work; "
+      "from 2026-12-03's eleventh session on, also the benchmark's own waiting (a 20 ms timer "
+      "per client loop and the main thread looking every 5 ms: under valgrind in the VM ~1,000 "
+      "instructions per call of the client's rdma:// figure), and over rdma:// each wake-up "
+      "reads only the completion events its armed CQs can have raised instead of reading on "
+      "to EAGAIN, and stops polling a CQ that returned less than a full batch (server "
+      "4,601 -> 4,480 in one boot). "
       "What is left, from the profiles below: the event loop's sleep for each reply or request "
       "(epoll_wait, the reactor's turn and the scheduler's round around it: about 600 per side "
       "at one sleep per call, found on 2026-12-03 by comparing runs that slept less, see the "
