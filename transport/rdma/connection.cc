@@ -599,7 +599,7 @@ void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
         StartFetch(r.total, r.rendezvous);
         break;
       case RecordAssembler::Result::kMessage:
-        // In place in the ring (a whole message in one record), or reassembled from chunks.
+        // Reassembled from chunks (a whole message in one record went the inline way above).
         handler_.get()->OnMessage(r.message);
         assembler_.Release();
         break;

@@ -104,6 +104,10 @@ class RecordAssembler {
   // The next record of the ring, header included, in ring order.
   Result Add(std::span<const std::byte> record) {
     Result r;
+    if (Whole(record, &r.message)) {  // (the one definition of a whole message in one record)
+      r.kind = Result::kMessage;
+      return r;
+    }
     if (record.size() < kRecordHeaderBytes) {
       return Error("protocol error: record shorter than its header");
     }
@@ -127,11 +131,6 @@ class RecordAssembler {
       return Error("protocol error: unknown record kind " + std::to_string(kind));
     }
     if (!assembling_) {
-      if (body.size() == total) {
-        r.kind = Result::kMessage;
-        r.message = body;
-        return r;
-      }
       if (body.size() > total) return Error("protocol error: record longer than its message");
       assembling_ = true;
       partial_total_ = total;
