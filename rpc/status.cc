@@ -42,11 +42,6 @@ std::string StatusCodeName(StatusCode code) {
   return "CODE_" + std::to_string(static_cast<uint32_t>(code));
 }
 
-const std::string& Status::EmptyMessage() {
-  static const std::string empty;
-  return empty;
-}
-
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s = StatusCodeName(code_);

@@ -59,7 +59,7 @@ class Status {
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
-  const std::string& message() const { return message_ ? *message_ : EmptyMessage(); }
+  const std::string& message() const { return message_ ? *message_ : kEmptyMessage; }
   // "OK" or "UNAVAILABLE: connection closed".
   std::string ToString() const;
 
@@ -68,7 +68,9 @@ class Status {
   }
 
  private:
-  static const std::string& EmptyMessage();
+  // Constant-initialized (std::string's default constructor is constexpr): message() reads it
+  // without the guard check a function-local static costs on every call.
+  static inline const std::string kEmptyMessage{};
   static std::unique_ptr<std::string> CopyMessage(const Status& o) {
     return o.message_ ? std::make_unique<std::string>(*o.message_) : nullptr;
   }
