@@ -908,7 +908,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void FreeSlot(uint32_t index) {
     Slot& s = calls_[index];
     // What a finished unary call leaves behind is nothing of these; the clean-up of the rest
-    // is out of line, so that the common path saves and restores fewer registers.
+    // is out of line, so that the common path saves and restores fewer registers. (A deque's
+    // clear costs even when empty, hence the test before it.)
     if (s.queued || !s.status.ok() || !s.status.message().empty() || !s.messages.empty()) {
       ClearSlotLeftovers(s);
     }
@@ -926,10 +927,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (!waiting_.empty()) WakeWaiters();
   }
 
+  // FreeSlot's test has found something to clear: clearing the rest as well changes nothing.
   [[gnu::noinline]] void ClearSlotLeftovers(Slot& s) {
     if (s.queued) waiting_.Remove(&s);
-    if (!s.status.ok() || !s.status.message().empty()) s.status = Status();
-    if (!s.messages.empty()) s.messages.clear();  // (a deque's clear costs even when empty)
+    s.status = Status();
+    s.messages.clear();
   }
 
   // The slot of a call the server may still answer: `call_id` (generation << 32 | index) names
