@@ -69,6 +69,15 @@ class HandlerPool {
       TakeParked(r->resume)();
       return;
     }
+    RunInNewRunner(std::move(job));
+  }
+
+ private:
+  static constexpr size_t kMaxIdle = 64;
+
+  // Run's rare path (no idle runner), out of line so that the common one stays a leaf-like
+  // resumption without the co_spawn's frame set-up.
+  [[gnu::noinline]] void RunInNewRunner(CallJobPtr job) {
     auto owned = std::make_unique<Runner>();
     Runner* r = owned.get();
     r->pool = this;
@@ -79,9 +88,6 @@ class HandlerPool {
                    asio::bind_cancellation_slot(
                        r->cancel.slot(), [owned = std::move(owned)](const std::exception_ptr&) {}));
   }
-
- private:
-  static constexpr size_t kMaxIdle = 64;
 
   struct Runner {
     HandlerPool* pool = nullptr;
