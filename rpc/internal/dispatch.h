@@ -228,8 +228,9 @@ class ServerCall {
   }
 
  private:
-  // The rare paths of the destructor and of Finish, out of line: inlined, they made every call's
-  // destructor and Finish save more registers and build a frame (~40 instructions per call).
+  // The destructor's rare path and Finish's interceptor block, out of line: inlined, they made
+  // every call's destructor and Finish save more registers and build a frame (~40 instructions
+  // per call without interceptors; a call with them pays one function call more).
   [[gnu::noinline]] void Drop() {
     Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
   }
