@@ -28,18 +28,22 @@ CONNECTIONS_HISTORY = (
 
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-03, on c4cc860): one run_all.sh from start to end, in a quiet hour (the "
-    "three TCP rounds of each row agree within ~0.1x). Its host has a different CPU from the "
-    "runs before (AMD EPYC; those ran on an Intel Xeon of the same size), so compare its "
-    "absolute figures with earlier runs' only through the ratios: its raw 1 MiB ping-pong, "
-    "gRPC and the VM's perftest baselines are all faster than before (ib_write_lat 64 B RTT "
-    "25.4 us against 49.6-75 us in the last runs). Every TCP depth-1 round's ratio: 64 B "
-    "1.158x/1.160x/1.123x (median 1.16x, the 1.15x target missed by 0.01x), 4 KiB "
-    "1.18x/1.20x/1.24x, 64 KiB 1.24x/1.25x/1.32x, 1 MiB 1.28x/1.24x/1.23x (the 2x target met "
-    "in every round). Callgrind over TCP: 2,483 client / 2,934 "
-    "server at one sleep of the event loop per call (the run before: 2,566 / 3,017 at "
-    "0.90 / 0.84 sleeps, i.e. ~2,630 / ~3,120 at one sleep): the client meets its 2,500 target, "
-    "the server is 434 over it.")
+    "This run (2026-12-04, on 32deb4b): one run_all.sh from start to end, in a quiet hour, on "
+    "the same host CPU as the run before (AMD EPYC). It is the first run whose Soft-RoCE guest "
+    "boots with `tsc=reliable` (tools/vm/rxe_vm.sh, 32deb4b): until then the guest kernel judged "
+    "its two emulated CPUs' TSCs unsynchronized and ran on the HPET clocksource, where every "
+    "clock_gettime is a system call plus an emulated device read (869 ns against 56-74 ns on "
+    "the TSC, measured in the guest). perftest reads the TSC directly and did not pay it; "
+    "rdmarpc's deadlines, event loop and benchmark timing did, so the RDMA ratios of earlier "
+    "runs overstate rdmarpc's share. By hand before the full run, ib_write_lat then "
+    "rdmarpc_bench 64 B in one boot each, two rounds per boot: busy-poll 1.67x/1.80x "
+    "ib_write_lat on HPET against 1.55x/1.52x on the TSC, adaptive 1.83x/1.96x against "
+    "1.68x/1.71x. The rdmarpc code is the run before's (c4cc860, plus comments and a constant's "
+    "initialization). Every TCP depth-1 round's ratio: 64 B 1.18x/1.15x/1.16x (median 1.157x: "
+    "the 1.15x target missed by less than 0.01x again), 4 KiB 1.19x/1.19x/1.19x, 1 MiB "
+    "1.29x/1.27x/1.27x (the 2x target met in every round). Callgrind over TCP: 2,483 client / "
+    "2,933 server at one sleep of the event loop per call (the run before 2,483 / 2,934): the "
+    "client meets its 2,500 target, the server is 433 over it.")
 
 # Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (
@@ -326,7 +330,10 @@ def main():
       "one later boot (`rdmarpc_bench` of d9895a3 and of the newer code, 3 interleaved rounds "
       "of 3 s, by hand through tools/vm/rxe_vm.sh) gave busy-poll p50 70.1/87.6/72.2 us against "
       "90.6/74.2/66.0 us and adaptive 114.2/75.3/87.6 us against 95.7/84.5/78.3 us: no "
-      "difference between the builds that the boot's own noise does not cover." if wl else "")
+      "difference between the builds that the boot's own noise does not cover. From "
+      "2026-12-04 (32deb4b) the guest reads its clock from the TSC (`tsc=reliable`, see the "
+      "note at the top): runs before that charged every clock read of rdmarpc's ~15x and are "
+      "not comparable with later ones." if wl else "")
     w("")
     w("Where short, why (from the profiles below and the design):")
     w("")
@@ -403,9 +410,29 @@ def main():
       "(kept: it is hardening) and the resume-point switch), and the "
       "runtime's own bookkeeping (call table, contexts, in-flight counts, the budget check); "
       "over rdma:// also libibverbs/rxe's own work (a post per message, and in events mode a "
-      "re-arm and an event read per wake-up). The 2,500 target needs the scheduler off the path too (a loop "
+      "re-arm and an event read per wake-up): by object, per call, in one VM boot (2026-12-04, "
+      "32deb4b, callgrind as vm_bench.sh runs it, events mode), on each side about 300 "
+      "instructions in librxe (its user-space post_send builds the work request, ~180 of it, "
+      "then rings the kernel with a write() system call; then its CQ poll), about 245 in "
+      "libibverbs (the event read, the re-arm as an ioctl command) and about 90 in glibc's "
+      "cancellation wrappers around libibverbs' read() and write(): some 640 instructions per "
+      "side, part of which a hardware provider would not spend (mlx5, for one, rings the "
+      "doorbell and re-arms a CQ with stores, no system call), and which rdmarpc cannot remove "
+      "while it posts one write per message and, in events mode, sleeps on the completion "
+      "channel. The 2,500 target needs the scheduler off the path too (a loop "
       "of our own around the reactor, or the reactor's events run without the scheduler's "
       "queue); not done.")
+    w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
+      "1500-byte link: `ibv_devinfo` active_mtu 1024), so perftest's 4,096-byte write is "
+      "exactly four packets, while rdmarpc's record carries the 4,096-byte payload plus about "
+      "45 bytes of framing (record header 8, frame header 32, the fields' protobuf tags and "
+      "lengths): five packets each way. By hand in one boot (2026-12-04, 32deb4b, busy-poll, "
+      "`rdmarpc_bench --request-bytes N --duration 3 --warmup 1`, 3 interleaved rounds): a "
+      "4,040-byte payload, whose record still fits four packets, p50 177.2 / 218.1 / 175.1 us "
+      "against 195.6 / 248.8 / 195.6 us for 4,096 bytes, with ib_write_lat 4 KiB at 137.6 us "
+      "before and 138.8 us after: the fifth packet costs about 20 us (~0.14x), and at the same "
+      "packet count rdmarpc is at 1.27-1.29x, where the per-call CPU of the 64 B case "
+      "remains.")
     w("- Polling modes. Events mode (`--poll-spin-us 0`) pays a completion-channel wake-up per "
       "message on each side; busy-poll removes it at the price of a spinning core; the default, "
       "adaptive polling, keeps polling for 200 us after the last completion and then sleeps, so "

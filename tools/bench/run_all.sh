@@ -4,7 +4,7 @@
 # and RDMA in the Soft-RoCE VM (rdmarpc next to perftest on the same device in the same boot).
 # Then writes docs/BENCHMARKS.md and the plots in docs/bench/.
 #
-#   tools/bench/run_all.sh            # about 6 minutes on a 2-core machine
+#   tools/bench/run_all.sh            # about 16 minutes on a 2-core machine (2026-12-04)
 set -euo pipefail
 case "${1:-}" in
   "") ;;
