@@ -332,7 +332,7 @@ def main():
       "90.6/74.2/66.0 us and adaptive 114.2/75.3/87.6 us against 95.7/84.5/78.3 us: no "
       "difference between the builds that the boot's own noise does not cover. From "
       "2026-12-04 (32deb4b) the guest reads its clock from the TSC (`tsc=reliable`, see the "
-      "note at the top): runs before that charged every clock read of rdmarpc's ~15x and are "
+      "note at the top): runs before that charged every clock read of rdmarpc's 12-15x and are "
       "not comparable with later ones." if wl else "")
     w("")
     w("Where short, why (from the profiles below and the design):")

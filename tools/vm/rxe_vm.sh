@@ -164,7 +164,7 @@ boot() {
   # emulated device read: 869 ns against 56-74 ns on the TSC (measured in this guest,
   # 2026-12-04). qemu derives every vCPU's TSC from the host's one counter, so they agree; and
   # a hardware RDMA host reads its clock through the vDSO too. Without it, every clock read in
-  # the programs under test (deadlines, timers, the event loop's timeouts) was charged ~15x.
+  # the programs under test (deadlines, timers, the event loop's timeouts) was charged 12-15x.
   # shellcheck disable=SC2086
   qemu-system-x86_64 $accel -m "$mem" -smp 2 \
     -kernel "$vmlinuz" -initrd "$initrd" \
