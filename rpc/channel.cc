@@ -166,8 +166,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       // The common case without the error path's renaming and interceptors, and without moving
       // the slot's Status out (OnResponse leaves it OK, as FreeSlot does; the moves and calls
       // cost ~75 instructions per call).
-      if (slot.status.ok() && !ic.list) {
+      if (slot.status.ok()) {
         FreeSlot(index);
+        // With interceptors (metrics, logging), still without the error path's move and
+        // renaming (callgrind, 64 B with --metrics: client 2,827 -> 2,761 per call).
+        if (ic.list) FinishInterceptors(*ic.list, method, Status(), ic.start, ic.admitted);
         co_return Status();
       }
       status = std::move(slot.status);
