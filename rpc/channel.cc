@@ -207,6 +207,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                                       b->name.size() == method.full_name.size()) {
       return b->interceptors;
     }
+    return BindInterceptors(method);
+  }
+  // InterceptorsFor's look-up and first binding, out of line: the check above is what a call
+  // of the same method as the last one runs.
+  [[gnu::noinline]] const ClientInterceptors& BindInterceptors(const MethodInfo& method) {
     auto [it, added] = bound_.try_emplace(method.id);
     BoundMethod& b = it->second;
     if (added) {
