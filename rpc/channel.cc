@@ -163,13 +163,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     co_await Suspend(index, deadline);
     Status status;
     if (slot.done) {
-      // The common case without the error path's renaming and interceptors, and without moving
-      // the slot's Status out (OnResponse leaves it OK, as FreeSlot does; the moves and calls
-      // cost ~75 instructions per call).
+      // The common case without the error path's renaming, and without moving the slot's
+      // Status out (OnResponse leaves it OK, as FreeSlot does; the moves and calls cost ~75
+      // instructions per call). Intercepted's test written out here rather than called:
+      // `co_return Intercepted(method, ic, Status())` cost 33 more per call without
+      // interceptors (callgrind, 64 B; with metrics this form took 2,827 -> 2,761).
       if (slot.status.ok()) {
         FreeSlot(index);
-        // With interceptors (metrics, logging), still without the error path's move and
-        // renaming (callgrind, 64 B with --metrics: client 2,827 -> 2,761 per call).
         if (ic.list) FinishInterceptors(*ic.list, method, Status(), ic.start, ic.admitted);
         co_return Status();
       }
