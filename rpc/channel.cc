@@ -37,6 +37,17 @@ Status ConnectError(const transport::Error& e) {
   return Status(e.busy ? StatusCode::kResourceExhausted : StatusCode::kUnavailable, e.message);
 }
 
+// A failure status from the server's frame. A code this build does not define (a newer server's,
+// or a broken one's) reads as UNKNOWN, as gRPC does, so that callers' switches over StatusCode
+// stay exhaustive; the number the server sent is kept in the message.
+Status ServerStatus(uint32_t code, std::string_view message) {
+  if (code <= static_cast<uint32_t>(StatusCode::kUnauthenticated)) {
+    return Status(static_cast<StatusCode>(code), std::string(message));
+  }
+  return Status(StatusCode::kUnknown, std::string(message) + " (status code " +
+                                          std::to_string(code) + " from the server)");
+}
+
 // The client state of a channel: pending-call slots indexed by call id, the connection (replaced
 // when it is lost and the channel reconnects), and the queue of calls waiting for room. Lives on
 // one thread; no locks. A call id is (slot generation << 32 | slot index), so a late response for
@@ -557,7 +568,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         OnWindow(f);
         break;
       case FrameType::kPing:
-        AnswerPing(f);
+        OnPing(f);
         break;
       case FrameType::kSettings:
         OnSettings(f);
@@ -978,14 +989,25 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     ResumeCallerNow(s);  // the last step: nothing of this channel is touched after it
   }
 
+  // The server's PING: answered unless more than kPongQueueLimitBytes wait to reach the server
+  // already. A server that floods PINGs and reads nothing would otherwise grow our send queue by
+  // a PONG per PING without bound, and a client cannot stop reading, as a server does with a
+  // client that does not take its replies (ServerConnection::Throttle): its own replies come the
+  // same way. Nothing is lost by not answering: what is queued reaches the server before any
+  // PONG would, and tells its keepalive we are alive.
+  void OnPing(const DecodedFrame& f) {
+    if (conn_ && conn_->queued_send_bytes() <= kPongQueueLimitBytes) AnswerPing(f);
+  }
+  static constexpr size_t kPongQueueLimitBytes = 64 * 1024;
+
   // A unary reply that failed (the server's status) or does not parse.
   [[gnu::noinline]] static void SetReplyError(Slot& s, const DecodedFrame& f) {
-    const auto code = static_cast<StatusCode>(f.header.status);
-    if (code == StatusCode::kOk) {
+    if (f.header.status == static_cast<uint32_t>(StatusCode::kOk)) {
       s.status = Status(StatusCode::kInternal, "reply does not parse as " + s.reply->GetTypeName());
     } else {
-      s.status = Status(
-          code, std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
+      s.status = ServerStatus(
+          f.header.status,
+          std::string_view(reinterpret_cast<const char*>(f.payload.data()), f.payload.size()));
     }
   }
 
@@ -997,15 +1019,14 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       return;
     }
     if (!s.done) {
-      const auto code = static_cast<StatusCode>(f.header.status);
       const std::string_view payload(reinterpret_cast<const char*>(f.payload.data()),
                                      f.payload.size());
-      if (code == StatusCode::kOk) {
+      if (f.header.status == static_cast<uint32_t>(StatusCode::kOk)) {
         s.status = Status();
         // A client-streaming call's reply, parsed by FinishStream into the caller's message.
         if (s.method->kind == MethodKind::kClientStreaming) s.final_payload.assign(payload);
       } else {
-        s.status = Status(code, std::string(payload));
+        s.status = ServerStatus(f.header.status, payload);
       }
       s.done = true;
     }
@@ -1039,7 +1060,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     uint32_t index = 0;
     Slot* s = OpenStreamSlot(f.header.call_id, &index);
     if (!s) return;
-    s->send_credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
+    s->send_credit = AddStreamCredit(s->send_credit, bytes);
     ResumeWaiter(*s, &Slot::write_resume);
   }
 
@@ -1137,10 +1158,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // (RESOURCE_EXHAUSTED at its connection limit). Calls already sent finish; new ones are not
   // sent on this connection, which we close once nothing is left on it.
   void OnGoAway(const DecodedFrame& f) {
-    auto code = static_cast<StatusCode>(f.header.status);
-    if (code == StatusCode::kOk) code = StatusCode::kUnavailable;
-    goaway_ = Status(code, std::string(reinterpret_cast<const char*>(f.payload.data()),
-                                       std::min<size_t>(f.payload.size(), 4096)));
+    const std::string_view reason(reinterpret_cast<const char*>(f.payload.data()),
+                                  std::min<size_t>(f.payload.size(), 4096));
+    goaway_ = f.header.status == static_cast<uint32_t>(StatusCode::kOk)
+                  ? Status(StatusCode::kUnavailable, std::string(reason))
+                  : ServerStatus(f.header.status, reason);
     idle_goaway_ = (f.header.flags & kGoAwayFlagIdle) != 0;
     spdlog::info("channel {}: GOAWAY from server: {}", target_, goaway_->ToString());
     if (state_ == State::kHandshaking) {

@@ -219,3 +219,18 @@ TEST_CASE("a raw frame (no message) offers no pieces; WriteTo writes it", "[code
   CHECK_FALSE(w.WritePieces(sink));
   CHECK(sink.pieces.empty());
 }
+
+TEST_CASE("stream credit from WINDOW frames is capped, never overflows", "[codec][stream]") {
+  // An ordinary WINDOW adds what it says, to a credit that may be negative (after a message
+  // larger than what was left).
+  CHECK(AddStreamCredit(-1000, 4096) == 3096);
+  CHECK(AddStreamCredit(0, kStreamWindowBytes / 2) == int64_t(kStreamWindowBytes / 2));
+  // One frame counts for at most 2^40, however much it claims.
+  CHECK(AddStreamCredit(0, ~uint64_t{0}) == int64_t{1} << 40);
+  // A peer repeating the largest WINDOW (2^23 frames would pass 2^63) stops at 2^62.
+  int64_t credit = 0;
+  for (int i = 0; i < (1 << 23) + 10; ++i) credit = AddStreamCredit(credit, ~uint64_t{0});
+  CHECK(credit == int64_t{1} << 62);
+  CHECK(AddStreamCredit(credit, 1) == int64_t{1} << 62);
+  CHECK(AddStreamCredit((int64_t{1} << 62) - 5, 3) == (int64_t{1} << 62) - 2);
+}

@@ -7,7 +7,7 @@ set -uo pipefail
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 export RDMARPC_VM_CACHE="${RDMARPC_VM_CACHE:-/var/tmp/rdmarpc-vm}"
 runner="tools/vm/rxe_vm.sh"
-suites=(test/rpc_integration_test test/reliability_test test/hostile_test test/rdma_garbage_test test/transport_stress_test test/kv_test test/stream_test)
+suites=(test/rpc_integration_test test/reliability_test test/hostile_test test/hostile_server_test test/rdma_garbage_test test/transport_stress_test test/kv_test test/stream_test)
 
 # The host root is read-only in the guest: the JUnit files go to a folder shared with it.
 results=$(mktemp -d /var/tmp/rdma_vm_results.XXXXXX)

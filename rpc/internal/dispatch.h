@@ -78,7 +78,7 @@ struct CancelHook {
 
   // A WINDOW frame: the caller read `bytes` more of the stream.
   void AddCredit(uint64_t bytes) {
-    credit += static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t(1) << 40));
+    credit = AddStreamCredit(credit, bytes);
     WakeWriter();
   }
 

@@ -7,6 +7,7 @@
 
 #include <endian.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,14 @@ inline constexpr uint8_t kStreamFlagEnd = 0x01;
 // as its reader takes messages, once half a window has been read. What a slow reader makes
 // either side hold per stream: at most this plus one message.
 inline constexpr uint64_t kStreamWindowBytes = 256 * 1024;
+// A stream's send credit after a WINDOW frame of `bytes`: one frame counts for at most 2^40 and
+// the credit stays at or under 2^62, so that a peer repeating huge WINDOW frames can neither
+// overflow it (undefined behaviour) nor wrap it negative (a writer stalled for good).
+inline int64_t AddStreamCredit(int64_t credit, uint64_t bytes) {
+  constexpr int64_t kMaxCredit = int64_t{1} << 62;
+  const auto add = static_cast<int64_t>(std::min<uint64_t>(bytes, uint64_t{1} << 40));
+  return credit >= kMaxCredit - add ? kMaxCredit : credit + add;
+}
 // A WINDOW frame's payload: u64, the frame bytes read since the last one.
 inline constexpr size_t kWindowBytes = 8;
 void EncodeWindow(uint64_t bytes, std::byte* dst);  // writes kWindowBytes

@@ -1,0 +1,478 @@
+// A hostile or broken server, seen from the client: a channel connected to a peer that speaks
+// the transport and the frame format but answers what each test scripts -- replies that do not
+// parse, forged and repeated call ids, garbage frames, streams sent past their window, replies
+// over the client's size limit, status codes nobody defined, an oversized GOAWAY, no SETTINGS at
+// all. Whatever the server does, the caller gets a Status that says what happened, the client's
+// memory stays bounded, and the channel serves the next call (reconnecting where it had to drop
+// the connection). Each case runs over every transport of ListenUrisInProcess() (tcp and inproc
+// on the host; rdma in the Soft-RoCE VM suite, test/rdma_vm_test.sh).
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
+#include <catch2/catch.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rpc/event_loop.h"
+#include "rpc/internal/frame.h"
+#include "test/raw_peer.h"
+#include "test/test_util.h"
+#include "transport/factory.h"
+
+namespace asio = boost::asio;
+using namespace rdmarpc;
+using namespace rdmarpc::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A request as the scripted server saw it.
+struct SeenRequest {
+  FrameHeader header;
+  std::string payload;
+};
+
+// What a test scripts: called on the server's loop thread for each REQUEST frame, with the
+// connection to answer on.
+using Script = std::function<void(transport::Connection&, const SeenRequest&)>;
+
+void SendFrame(transport::Connection& conn, const FrameHeader& h, const std::string& payload) {
+  conn.Send(Bytes(Frame(h, payload)));
+}
+
+FrameHeader ResponseTo(const SeenRequest& r, StatusCode code = StatusCode::kOk) {
+  FrameHeader h;
+  h.type = FrameType::kResponse;
+  h.call_id = r.header.call_id;
+  h.status = static_cast<uint32_t>(code);
+  return h;
+}
+
+// The reply a well-behaved Echo server would send. (No Catch assertions on the server's thread:
+// Catch is not thread-safe. A request that does not parse gets no answer; its call fails.)
+void AnswerEcho(transport::Connection& conn, const SeenRequest& r) {
+  EchoRequest req;
+  if (!req.ParseFromString(r.payload)) return;
+  EchoReply reply;
+  reply.set_payload(req.payload());
+  SendFrame(conn, ResponseTo(r), reply.SerializeAsString());
+}
+
+// The request's EchoRequest payload (empty when it is not one).
+std::string EchoPayload(const SeenRequest& r) {
+  EchoRequest req;
+  return req.ParseFromString(r.payload) ? req.payload() : std::string();
+}
+
+// A server on its own loop thread that runs `script` for every request. Sends SETTINGS on each
+// accepted connection unless `send_settings` is false.
+class ScriptedServer {
+ public:
+  ScriptedServer(const std::string& listen_uri, Script script, bool send_settings = true)
+      : state_(std::make_shared<State>()) {
+    state_->script = std::move(script);
+    state_->send_settings = send_settings;
+    std::shared_ptr<State> state = state_;
+    auto l = transport::Listen(
+        listen_uri, {loop_.executor()},
+        [state](std::shared_ptr<transport::Connection> conn) { state->Accept(std::move(conn)); },
+        transport::Options{});
+    if (!l.ok()) throw std::runtime_error("listen: " + l.error().message);
+    listener_ = std::move(l.value());
+    uri = listener_->uri();
+    loop_.Start();  // only now: the listener registers with the loop from this thread
+  }
+  ~ScriptedServer() {
+    listener_->Close();
+    // Closed and let go of on the loop's thread, while the loop still runs: a connection must
+    // not outlive its io_context (an RDMA connection's destructor releases its descriptors from
+    // the loop's reactor).
+    asio::post(loop_.executor(), asio::use_future([state = state_] {
+                 for (auto& c : state->conns) c->Close();
+                 state->conns.clear();
+               }))
+        .get();
+  }
+
+  int accepted() const { return state_->accepted.load(); }
+  int requests() const { return state_->requests.load(); }
+  // Frames of `type` received from clients so far.
+  uint64_t frames_of(FrameType type) const {
+    return state_->frames[static_cast<size_t>(type)].load();
+  }
+  // What the server's connections hold queued for the client (on the loop thread).
+  size_t queued_send_bytes() {
+    return asio::post(loop_.executor(), asio::use_future([state = state_] {
+                        size_t n = 0;
+                        for (auto& c : state->conns) n += c->queued_send_bytes();
+                        return n;
+                      }))
+        .get();
+  }
+
+  // Runs `f` on the server's loop thread with its newest connection, and waits for it. False
+  // when there is none.
+  bool OnNewest(std::function<void(transport::Connection&)> f) {
+    return asio::post(loop_.executor(), asio::use_future([state = state_, f = std::move(f)] {
+                        if (state->conns.empty()) return false;
+                        f(*state->conns.back());
+                        return true;
+                      }))
+        .get();
+  }
+
+  std::string uri;
+
+ private:
+  struct Peer;
+  struct State : std::enable_shared_from_this<State> {
+    Script script;
+    bool send_settings = true;
+    std::vector<std::shared_ptr<transport::Connection>> conns;  // loop thread only
+    std::atomic<int> accepted{0}, requests{0};
+    std::atomic<uint64_t> frames[16]{};
+    void Accept(std::shared_ptr<transport::Connection> conn);
+  };
+  struct Peer final : transport::ConnectionHandler {
+    Peer(std::shared_ptr<State> s, transport::Connection* c) : state(std::move(s)), conn(c) {}
+    void OnMessage(std::span<const std::byte> m) override {
+      DecodedFrame f;
+      if (!DecodeFrame(m, &f).empty()) return;
+      ++state->frames[static_cast<size_t>(f.header.type)];
+      if (f.header.type != FrameType::kRequest) return;
+      ++state->requests;
+      state->script(
+          *conn, SeenRequest{f.header, std::string(reinterpret_cast<const char*>(f.payload.data()),
+                                                   f.payload.size())});
+    }
+    void OnClose(const transport::Error&) override {}
+    std::shared_ptr<State> state;
+    transport::Connection* conn;  // owns this handler until OnClose
+  };
+
+  std::shared_ptr<State> state_;
+  EventLoopThread loop_{/*start=*/false};
+  std::unique_ptr<transport::Listener> listener_;
+};
+
+void ScriptedServer::State::Accept(std::shared_ptr<transport::Connection> conn) {
+  ++accepted;
+  conn->Start(std::make_shared<Peer>(shared_from_this(), conn.get()));
+  if (send_settings) {
+    FrameHeader h;
+    h.type = FrameType::kSettings;
+    std::string payload(kSettingsBytes, '\0');
+    EncodeSettings(Settings{.features = kFeatureClientStreams},
+                   reinterpret_cast<std::byte*>(payload.data()));
+    SendFrame(*conn, h, payload);
+  }
+  conns.push_back(std::move(conn));
+}
+
+// A blocking stub on a new channel to `server`; the test stops if it cannot connect.
+TestService::BlockingStub ConnectTo(const ScriptedServer& server, ChannelOptions options = {}) {
+  auto ch = Channel::ConnectBlocking(server.uri, std::move(options));
+  REQUIRE(ch.ok());
+  return TestService::BlockingStub(*ch);
+}
+
+// Echo(payload) through `stub`.
+Result<EchoReply> Echo(TestService::BlockingStub& stub, const std::string& payload,
+                       const CallOptions& options = {}) {
+  EchoRequest req;
+  req.set_payload(payload);
+  return stub.Echo(req, options);
+}
+
+}  // namespace
+
+TEST_CASE("a reply that does not parse fails that call alone, with INTERNAL naming the type",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (EchoPayload(r) == "garbage") {
+      SendFrame(conn, ResponseTo(r), "\xff\xff\xff\xff");  // no valid field tag
+    } else {
+      AnswerEcho(conn, r);
+    }
+  });
+  auto stub = ConnectTo(server);
+  auto bad = Echo(stub, "garbage");
+  CHECK(bad.status().code() == StatusCode::kInternal);
+  CHECK_THAT(bad.status().message(), Catch::Contains("rdmarpc.testing.EchoReply"));
+  auto good = Echo(stub, "fine");
+  REQUIRE(good.ok());
+  CHECK(good->payload() == "fine");
+  CHECK(server.accepted() == 1);  // the connection was kept: the frame itself was sound
+}
+
+TEST_CASE("replies to call ids never sent, and repeated replies, reach no caller",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    EchoReply forged;
+    forged.set_payload("forged");
+    for (uint64_t id : {r.header.call_id ^ (uint64_t{1} << 32),  // the slot, another generation
+                        r.header.call_id + 1, r.header.call_id + 1000, ~uint64_t{0}, uint64_t{0}}) {
+      FrameHeader h = ResponseTo(r);
+      h.call_id = id;
+      SendFrame(conn, h, forged.SerializeAsString());
+    }
+    AnswerEcho(conn, r);
+    AnswerEcho(conn, r);  // again: the call is over, its slot may already serve the next one
+    EchoReply late;
+    late.set_payload("stale");
+    SendFrame(conn, ResponseTo(r), late.SerializeAsString());
+  });
+  auto stub = ConnectTo(server);
+  for (int i = 0; i < 200; ++i) {
+    const std::string payload = "call " + std::to_string(i);
+    auto r = Echo(stub, payload);
+    REQUIRE(r.ok());
+    REQUIRE(r->payload() == payload);
+  }
+  CHECK(server.accepted() == 1);
+}
+
+TEST_CASE("a malformed frame from the server fails what it had, then the channel reconnects",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (EchoPayload(r) == "break") {
+      conn.Send(Bytes(std::string(40, '\x42')));  // bad magic
+    } else {
+      AnswerEcho(conn, r);
+    }
+  });
+  auto stub = ConnectTo(server);
+  auto broken = Echo(stub, "break", {.timeout = 5s});
+  CHECK(broken.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(broken.status().message(), Catch::Contains("malformed frame"));
+  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(again.ok());
+  CHECK(again->payload() == "after");
+  CHECK(server.accepted() == 2);
+}
+
+TEST_CASE("a server stream sent past its window costs the server the connection, not our memory",
+          "[hostile-server][stream]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (r.header.flags & kRequestFlagServerStream) {
+      // 1 MiB of messages at once, four windows' worth, without waiting for any WINDOW.
+      CountReply m;
+      m.set_payload(std::string(1024, 'x'));
+      FrameHeader h;
+      h.type = FrameType::kStreamMessage;
+      h.call_id = r.header.call_id;
+      for (uint64_t i = 0; i < 1024; ++i) {
+        m.set_seq(i);
+        SendFrame(conn, h, m.SerializeAsString());
+      }
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  CountRequest req;
+  req.set_count(1024);
+  auto call = stub.Count(req, {.timeout = 10s});
+  std::this_thread::sleep_for(300ms);  // not reading: everything the server sent has arrived
+  uint64_t got = 0;
+  while (auto m = call.Read()) {
+    CHECK(m->seq() == got);
+    ++got;
+  }
+  // At most a window's worth (and the message that crossed it) was kept for the reader before
+  // the connection was dropped; the rest was never buffered.
+  CHECK(got > 0);
+  CHECK(got <= kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2);
+  const Status s = call.Finish();
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK_THAT(s.message(), Catch::Contains("flow-control window"));
+  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(again.ok());
+  CHECK(again->payload() == "after");
+}
+
+TEST_CASE("a reply over the client's message limit drops that connection; the call says so",
+          "[hostile-server][limits]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (EchoPayload(r) == "big") {
+      EchoReply reply;
+      reply.set_payload(std::string(1 << 20, 'b'));
+      SendFrame(conn, ResponseTo(r), reply.SerializeAsString());
+    } else {
+      AnswerEcho(conn, r);
+    }
+  });
+  ChannelOptions options;
+  options.transport.max_message_bytes = 64 * 1024;
+  auto stub = ConnectTo(server, options);
+  auto big = Echo(stub, "big", {.timeout = 5s});
+  CHECK(big.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(big.status().message(), Catch::Contains("limit"));
+  auto small = Echo(stub, "small", {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(small.ok());
+  CHECK(small->payload() == "small");
+}
+
+TEST_CASE("status codes nobody defined read as UNKNOWN; a huge GOAWAY reason is cut short",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    const std::string what = EchoPayload(r);
+    if (r.header.flags & kRequestFlagServerStream) {
+      FrameHeader h = ResponseTo(r);
+      h.status = 0xffffffff;
+      SendFrame(conn, h, "stream over");
+    } else if (what == "odd code") {
+      FrameHeader h = ResponseTo(r);
+      h.status = 12345;
+      SendFrame(conn, h, "from a newer server");
+    } else if (what == "goaway") {
+      // GOAWAY first: the call in flight still gets its reply, then the connection closes.
+      FrameHeader h;
+      h.type = FrameType::kGoAway;
+      h.status = 999;
+      SendFrame(conn, h, std::string(1 << 20, 'g'));
+      AnswerEcho(conn, r);
+    } else {
+      AnswerEcho(conn, r);
+    }
+  });
+  auto stub = ConnectTo(server);
+  auto odd = Echo(stub, "odd code");
+  CHECK(odd.status().code() == StatusCode::kUnknown);
+  CHECK_THAT(odd.status().message(), Catch::Contains("from a newer server"));
+  CHECK_THAT(odd.status().message(), Catch::Contains("12345"));
+
+  CountRequest count;
+  count.set_count(1);
+  auto stream = stub.Count(count);
+  CHECK_FALSE(stream.Read().has_value());
+  const Status ended = stream.Finish();
+  CHECK(ended.code() == StatusCode::kUnknown);
+  CHECK_THAT(ended.message(), Catch::Contains("4294967295"));
+
+  auto last = Echo(stub, "goaway", {.timeout = 5s});
+  REQUIRE(last.ok());
+  CHECK(last->payload() == "goaway");
+  // The connection is closing: a call now fails at once or goes on a new connection. An error
+  // that names the GOAWAY carries only a bounded piece of its 1 MiB reason.
+  auto now = Echo(stub, "after", {.timeout = 5s});
+  if (!now.ok()) {
+    CHECK(now.status().code() == StatusCode::kUnavailable);
+    CHECK(now.status().message().size() <= 8192);
+  }
+  auto ready = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(ready.ok());
+  CHECK(ready->payload() == "after");
+  CHECK(server.accepted() == 2);
+}
+
+TEST_CASE("a server that never sends SETTINGS fails Connect at the connect timeout",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(
+      listen, [](transport::Connection& conn, const SeenRequest& r) { AnswerEcho(conn, r); },
+      /*send_settings=*/false);
+  ChannelOptions options;
+  options.transport.connect_timeout_ms = 1500;
+  options.reconnect = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ch = Channel::ConnectBlocking(server.uri, options);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(ch.ok());
+  CHECK(ch.status().code() == StatusCode::kUnavailable);
+  // (The transport's own connect shares the timeout: on a slow machine an RDMA connect may be
+  // what runs out of it.)
+  CHECK_THAT(ch.status().message(), Catch::Contains("no SETTINGS") || Catch::Contains("timed out"));
+  CHECK(took < 10s);
+  CHECK(server.requests() == 0);
+}
+
+TEST_CASE("a server that answers after the deadline reaches no caller with it",
+          "[hostile-server][deadline]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  auto held = std::make_shared<std::vector<SeenRequest>>();  // loop thread only
+  ScriptedServer server(listen, [held](transport::Connection& conn, const SeenRequest& r) {
+    if (EchoPayload(r) == "hold") {
+      held->push_back(r);
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  auto slow = Echo(stub, "hold", {.timeout = 200ms});
+  CHECK(slow.status().code() == StatusCode::kDeadlineExceeded);
+  // Now the late reply, then a new call that may reuse the slot: it gets its own reply.
+  size_t held_count = 0;
+  REQUIRE(server.OnNewest([&held_count, held](transport::Connection& conn) {
+    held_count = held->size();
+    if (held->empty()) return;
+    EchoReply late;
+    late.set_payload("late");
+    SendFrame(conn, ResponseTo(held->front()), late.SerializeAsString());
+  }));
+  REQUIRE(held_count == 1);
+  for (int i = 0; i < 20; ++i) {
+    const std::string payload = "next " + std::to_string(i);
+    auto next = Echo(stub, payload, {.timeout = 5s});
+    REQUIRE(next.ok());
+    CHECK(next->payload() == payload);
+  }
+  CHECK(server.accepted() == 1);
+}
+
+TEST_CASE("a server that floods PINGs and reads nothing cannot grow the client's send queue",
+          "[hostile-server][memory]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  // Over TCP the kernel's socket buffers (several MiB on loopback) take PONGs before any queue
+  // of ours does, so the flood must be far larger than they are.
+  const uint64_t pings = listen.starts_with("tcp") ? 2'000'000 : 200'000;
+  ScriptedServer server(listen, [pings](transport::Connection& conn, const SeenRequest& r) {
+    AnswerEcho(conn, r);
+    if (EchoPayload(r) != "flood") return;
+    conn.PauseReceiving();  // from now on, nothing the client sends is taken
+    FrameHeader h;
+    h.type = FrameType::kPing;
+    for (uint64_t i = 0; i < pings; ++i) {
+      h.call_id = i;
+      SendFrame(conn, h, "");
+    }
+  });
+  auto stub = ConnectTo(server);
+  REQUIRE(Echo(stub, "flood").ok());
+  // The client reads every PING (the server's send queue drains) ...
+  CHECK(Eventually([&] { return server.queued_send_bytes() == 0; }, 60'000ms));
+  // ... and then the server takes what the client queued for it meanwhile: the PONGs it sent.
+  REQUIRE(server.OnNewest([](transport::Connection& conn) { conn.ResumeReceiving(); }));
+  uint64_t pongs = 0;
+  for (uint64_t last = ~uint64_t{0}; pongs != last;) {
+    last = pongs;
+    std::this_thread::sleep_for(500ms);
+    pongs = server.frames_of(FrameType::kPong);
+  }
+  INFO(pongs << " of " << pings << " PINGs answered");
+  // Answering each would have queued pings * 32 bytes in the client; it answers only while
+  // what it has queued is small (what reaches the server proves the client alive anyway).
+  CHECK(pongs * kFrameHeaderBytes < 16u << 20);
+  CHECK(pongs < pings / 2);
+  auto after = Echo(stub, "still there", {.timeout = 10s});
+  REQUIRE(after.ok());
+  CHECK(after->payload() == "still there");
+}
