@@ -627,13 +627,16 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                                   std::to_string(limit) + ")"));
       return;
     }
-    auto it = core_->methods.find(f.header.method_id);
-    if (it == core_->methods.end()) {
-      char id[16];
-      std::snprintf(id, sizeof id, "0x%08x", f.header.method_id);
-      SendError(reply, Status(StatusCode::kUnimplemented,
-                              std::string(kUnknownMethodPrefix) + id + " on this server"));
-      return;
+    const ServerCore::HostedMethod* found = last_hosted_;
+    if (f.header.method_id != last_method_id_ || found == nullptr) {
+      found = FindMethod(f.header.method_id);
+      if (found == nullptr) {
+        char id[16];
+        std::snprintf(id, sizeof id, "0x%08x", f.header.method_id);
+        SendError(reply, Status(StatusCode::kUnimplemented,
+                                std::string(kUnknownMethodPrefix) + id + " on this server"));
+        return;
+      }
     }
     Metadata md;
     if (!f.metadata.empty()) {
@@ -643,7 +646,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
         return;
       }
     }
-    const ServerCore::HostedMethod& hosted = it->second;
+    const ServerCore::HostedMethod& hosted = *found;
     const MethodEntry* entry = hosted.entry;
     const auto called_as = static_cast<MethodKind>(
         f.header.flags & (kRequestFlagClientStream | kRequestFlagServerStream));
@@ -682,6 +685,18 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     entry->handler->Start(*hosted.service, std::move(call), f.payload);
   }
 
+  // The method table look-up, out of line; remembers what it found for the next request (the
+  // table is fixed once the server has started, so the pointer stays valid). A connection's
+  // calls mostly go to one method: checking the last one first saves the hash table's look-up
+  // (a division and a walk, ~25 instructions per call).
+  [[gnu::noinline]] const ServerCore::HostedMethod* FindMethod(uint32_t method_id) {
+    auto it = core_->methods.find(method_id);
+    if (it == core_->methods.end()) return nullptr;
+    last_method_id_ = method_id;
+    last_hosted_ = &it->second;
+    return last_hosted_;
+  }
+
   ServerCore* core_;
   IoThread* thread_;
   transport::Executor executor_;
@@ -690,7 +705,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   asio::steady_timer idle_timer_;
   asio::steady_timer break_timer_;  // closes a broken connection whose calls do not end
   uint32_t calls_ = 0;              // running on this connection
-  size_t held_bytes_ = 0;           // request bytes of the running calls
+  uint32_t last_method_id_ = 0;     // the method of the last request (see FindMethod)
+  const ServerCore::HostedMethod* last_hosted_ = nullptr;
+  size_t held_bytes_ = 0;  // request bytes of the running calls
   uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
   int quiet_ticks_ = 0;
   bool counted_ = false;  // served (false: turned away at the connection limit)
