@@ -1040,6 +1040,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     Slot* found = OpenStreamSlot(f.header.call_id, &index);
     if (!found) return;
     Slot& s = *found;
+    if (s.method->kind == MethodKind::kClientStreaming) {
+      // Its only answer is the final RESPONSE: nobody would read these, and they would stay
+      // buffered until the call ends. The server breaks the protocol (as a client does that
+      // sends messages on a server stream).
+      LoseConnection("server sent a stream message on a client-streaming call");
+      return;
+    }
     if (s.abandoned || s.done) return;  // the reader stopped; our CANCEL is on its way
     if (s.buffered + s.unreported >= kStreamWindowBytes) {
       LoseConnection("server sent past a stream's flow-control window");

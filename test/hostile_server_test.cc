@@ -476,3 +476,32 @@ TEST_CASE("a server that floods PINGs and reads nothing cannot grow the client's
   REQUIRE(after.ok());
   CHECK(after->payload() == "still there");
 }
+
+TEST_CASE("stream messages on a client-streaming call are a protocol error, not a buffer",
+          "[hostile-server][stream]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (r.header.flags & kRequestFlagClientStream) {
+      // A client-streaming call's only answer is its final RESPONSE; send messages instead.
+      FrameHeader h;
+      h.type = FrameType::kStreamMessage;
+      h.call_id = r.header.call_id;
+      for (int i = 0; i < 10; ++i) SendFrame(conn, h, std::string(1000, 'm'));
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  auto call = stub.Upload({.timeout = 10s});
+  EchoRequest m;
+  m.set_seq(0);
+  call.Write(m);  // may already fail: the server answers the call's opening
+  auto summary = call.Finish();
+  REQUIRE_FALSE(summary.ok());
+  CHECK(summary.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(summary.status().message(), Catch::Contains("client-streaming call"));
+  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(again.ok());
+  CHECK(again->payload() == "after");
+}
