@@ -284,7 +284,10 @@ TEST_CASE("a server stream sent past its window costs the server the connection,
   CountRequest req;
   req.set_count(1024);
   auto call = stub.Count(req, {.timeout = 10s});
-  std::this_thread::sleep_for(300ms);  // not reading: everything the server sent has arrived
+  // Not reading until the client has dropped the connection and made a new one: the violation
+  // is found while nothing of the stream was read (a reader taking messages meanwhile would
+  // send WINDOWs and move the line).
+  CHECK(Eventually([&] { return server.accepted() == 2; }, 10'000ms));
   uint64_t got = 0;
   while (auto m = call.Read()) {
     CHECK(m->seq() == got);
