@@ -51,14 +51,19 @@ FrameHeader ResponseTo(const SeenRequest& r, StatusCode code = StatusCode::kOk) 
   return h;
 }
 
+// A serialized EchoReply carrying `payload`: what the scripts answer with, honestly or not.
+std::string EchoReplyBytes(const std::string& payload) {
+  EchoReply reply;
+  reply.set_payload(payload);
+  return reply.SerializeAsString();
+}
+
 // The reply a well-behaved Echo server would send. (No Catch assertions on the server's thread:
 // Catch is not thread-safe. A request that does not parse gets no answer; its call fails.)
 void AnswerEcho(transport::Connection& conn, const SeenRequest& r) {
   EchoRequest req;
   if (!req.ParseFromString(r.payload)) return;
-  EchoReply reply;
-  reply.set_payload(req.payload());
-  SendFrame(conn, ResponseTo(r), reply.SerializeAsString());
+  SendFrame(conn, ResponseTo(r), EchoReplyBytes(req.payload()));
 }
 
 // The request's EchoRequest payload (empty when it is not one).
@@ -187,6 +192,18 @@ Result<EchoReply> Echo(TestService::BlockingStub& stub, const std::string& paylo
   return stub.Echo(req, options);
 }
 
+// `n` calls in a row through `stub`, each of which must get its own payload back (none of the
+// replies a hostile server slipped in beside them).
+void EachGetsItsOwnReply(TestService::BlockingStub& stub, int n, const std::string& prefix,
+                         const CallOptions& options = {}) {
+  for (int i = 0; i < n; ++i) {
+    const std::string payload = prefix + std::to_string(i);
+    auto r = Echo(stub, payload, options);
+    REQUIRE(r.ok());
+    REQUIRE(r->payload() == payload);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a reply that does not parse fails that call alone, with INTERNAL naming the type",
@@ -215,27 +232,18 @@ TEST_CASE("replies to call ids never sent, and repeated replies, reach no caller
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
   ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
-    EchoReply forged;
-    forged.set_payload("forged");
     for (uint64_t id : {r.header.call_id ^ (uint64_t{1} << 32),  // the slot, another generation
                         r.header.call_id + 1, r.header.call_id + 1000, ~uint64_t{0}, uint64_t{0}}) {
       FrameHeader h = ResponseTo(r);
       h.call_id = id;
-      SendFrame(conn, h, forged.SerializeAsString());
+      SendFrame(conn, h, EchoReplyBytes("forged"));
     }
     AnswerEcho(conn, r);
     AnswerEcho(conn, r);  // again: the call is over, its slot may already serve the next one
-    EchoReply late;
-    late.set_payload("stale");
-    SendFrame(conn, ResponseTo(r), late.SerializeAsString());
+    SendFrame(conn, ResponseTo(r), EchoReplyBytes("stale"));
   });
   auto stub = ConnectTo(server);
-  for (int i = 0; i < 200; ++i) {
-    const std::string payload = "call " + std::to_string(i);
-    auto r = Echo(stub, payload);
-    REQUIRE(r.ok());
-    REQUIRE(r->payload() == payload);
-  }
+  EachGetsItsOwnReply(stub, 200, "call ");
   CHECK(server.accepted() == 1);
 }
 
@@ -311,9 +319,7 @@ TEST_CASE("a reply over the client's message limit drops that connection; the ca
   INFO("over " << listen);
   ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
     if (EchoPayload(r) == "big") {
-      EchoReply reply;
-      reply.set_payload(std::string(1 << 20, 'b'));
-      SendFrame(conn, ResponseTo(r), reply.SerializeAsString());
+      SendFrame(conn, ResponseTo(r), EchoReplyBytes(std::string(1 << 20, 'b')));
     } else {
       AnswerEcho(conn, r);
     }
@@ -426,17 +432,10 @@ TEST_CASE("a server that answers after the deadline reaches no caller with it",
   REQUIRE(server.OnNewest([&held_count, held](transport::Connection& conn) {
     held_count = held->size();
     if (held->empty()) return;
-    EchoReply late;
-    late.set_payload("late");
-    SendFrame(conn, ResponseTo(held->front()), late.SerializeAsString());
+    SendFrame(conn, ResponseTo(held->front()), EchoReplyBytes("late"));
   }));
   REQUIRE(held_count == 1);
-  for (int i = 0; i < 20; ++i) {
-    const std::string payload = "next " + std::to_string(i);
-    auto next = Echo(stub, payload, {.timeout = 5s});
-    REQUIRE(next.ok());
-    CHECK(next->payload() == payload);
-  }
+  EachGetsItsOwnReply(stub, 20, "next ", {.timeout = 5s});
   CHECK(server.accepted() == 1);
 }
 
