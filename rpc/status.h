@@ -31,6 +31,15 @@ enum class StatusCode : uint32_t {
   kUnauthenticated = 16,
 };
 
+// `text` made safe to write to a terminal or a log line: control characters become escapes
+// (\n, \r, \t, \x1b for ESC and the rest of C0 and DEL; \u0085 for C1 controls, and the line
+// separators and bidirectional overrides, U+2028-202E and U+2066-2069, that reorder what a
+// reader sees), as do bytes that are not UTF-8 (\xNN). Printable UTF-8 is kept as it is.
+// For text a peer chose (a server's error message, a GOAWAY reason, a service name): printed
+// raw, it could forge log lines or drive the reader's terminal (escape sequences that move the
+// cursor, retitle the window or write the clipboard).
+std::string EscapeForDisplay(std::string_view text);
+
 // "OK", "DEADLINE_EXCEEDED", ...; "CODE_<n>" for values outside the set.
 std::string StatusCodeName(StatusCode code);
 
@@ -60,7 +69,8 @@ class Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_ ? *message_ : kEmptyMessage; }
-  // "OK" or "UNAVAILABLE: connection closed".
+  // "OK" or "UNAVAILABLE: connection closed", for people and logs: the message is passed
+  // through EscapeForDisplay (it may come from the peer). message() is the text as sent.
   std::string ToString() const;
 
   friend bool operator==(const Status& a, const Status& b) {

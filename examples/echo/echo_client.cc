@@ -104,8 +104,8 @@ boost::asio::awaitable<void> Worker(demo::Echo::Stub& stub, const Config& cfg, l
     ++out.ok;
     if (!cfg.quiet) {
       std::cout << "sent \"" << req.message() << "\" -> got \"" << r->message() << "\" from "
-                << r->served_by() << " in " << static_cast<long>(out.latencies_us.back()) << " us"
-                << std::endl;
+                << rdmarpc::EscapeForDisplay(r->served_by()) << " in "
+                << static_cast<long>(out.latencies_us.back()) << " us" << std::endl;
     }
   }
 }
@@ -146,7 +146,8 @@ boost::asio::awaitable<void> Chat(demo::Echo::Stub& stub, const Config& cfg, Out
       ++out.ok;
       if (!cfg.quiet) {
         std::cout << "sent \"" << MessageText(cfg, i) << "\" -> got \"" << reply->message()
-                  << "\" from " << reply->served_by() << " on the stream" << std::endl;
+                  << "\" from " << rdmarpc::EscapeForDisplay(reply->served_by()) << " on the stream"
+                  << std::endl;
       }
     }
     ++i;
@@ -172,7 +173,7 @@ boost::asio::awaitable<void> Main(const Config& cfg, Outcome& out) {
   }
   if (!channel.ok()) {
     std::cerr << "echo_client: cannot connect to " << cfg.target << ": "
-              << channel.status().message() << std::endl;
+              << rdmarpc::EscapeForDisplay(channel.status().message()) << std::endl;
     out.exit_code = 3;
     co_return;
   }

@@ -22,6 +22,7 @@
 #include "tools/common/flags.h"
 
 namespace asio = boost::asio;
+using rdmarpc::EscapeForDisplay;
 using rdmarpc::Status;
 
 namespace {
@@ -151,7 +152,7 @@ asio::awaitable<int> Watch(const Args& a) {
   options.transport.auth_secret = a.secret;
   auto ch = co_await rdmarpc::Channel::Connect(a.targets[0], options);
   if (!ch.ok()) {
-    std::cerr << "kv: cannot connect: " << ch.status().message() << "\n";
+    std::cerr << "kv: cannot connect: " << EscapeForDisplay(ch.status().message()) << "\n";
     co_return 3;
   }
   kv::KV::Stub stub(*ch);
@@ -184,7 +185,7 @@ asio::awaitable<int> Run(Args a) {
   options.transport.auth_secret = a.secret;
   auto connected = co_await kv::ShardedClient::Connect(a.targets, options);
   if (!connected.ok()) {
-    std::cerr << "kv: cannot connect: " << connected.status().message() << "\n";
+    std::cerr << "kv: cannot connect: " << EscapeForDisplay(connected.status().message()) << "\n";
     co_return 3;
   }
   kv::ShardedClient& client = **connected;
@@ -194,7 +195,7 @@ asio::awaitable<int> Run(Args a) {
     for (size_t i = 0; i < client.targets().size(); ++i) {
       if (!client.shard_down(i).ok()) {
         std::cerr << "kv: warning: " << client.targets()[i] << " is down ("
-                  << client.shard_down(i).message()
+                  << EscapeForDisplay(client.shard_down(i).message())
                   << "); calls for its keys fail with UNAVAILABLE\n";
       }
     }

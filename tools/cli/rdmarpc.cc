@@ -68,8 +68,8 @@ rdmarpc::Result<std::shared_ptr<rdmarpc::Channel>> Connect(const std::string& ta
                                                            const rdmarpc::ChannelOptions& options) {
   auto channel = rdmarpc::Channel::ConnectBlocking(target, options);
   if (!channel.ok()) {
-    std::cerr << "rdmarpc: cannot connect to " << target << ": " << channel.status().message()
-              << "\n";
+    std::cerr << "rdmarpc: cannot connect to " << target << ": "
+              << rdmarpc::EscapeForDisplay(channel.status().message()) << "\n";
   }
   return channel;
 }
@@ -81,6 +81,18 @@ int FailedCall(const rdmarpc::Status& s) {
                  s.code() == rdmarpc::StatusCode::kUnimplemented
              ? 4
              : 1;
+}
+
+// Writes `heading` as one line, then `text` line by line, each through EscapeForDisplay: what
+// `describe` prints comes from the server (file names, for one, may be any string it likes).
+void PrintLines(std::string_view heading, std::string_view text) {
+  std::cout << rdmarpc::EscapeForDisplay(heading) << "\n";
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::cout << rdmarpc::EscapeForDisplay(text.substr(0, end)) << "\n";
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
 }
 
 // The server's definitions, fetched through its reflection service into a pool of our own.
@@ -125,7 +137,7 @@ int List(const std::string& target, const rdmarpc::ChannelOptions& options,
   rdmarpc::reflection::v1::Reflection::BlockingStub stub(*channel);
   auto r = stub.ListServices(rdmarpc::reflection::v1::ListServicesRequest(), call);
   if (!r.ok()) return FailedCall(r.status());
-  for (const std::string& s : r->services()) std::cout << s << "\n";
+  for (const std::string& s : r->services()) std::cout << rdmarpc::EscapeForDisplay(s) << "\n";
   return 0;
 }
 
@@ -137,14 +149,13 @@ int Describe(const std::string& target, const std::string& symbol,
   if (rdmarpc::Status s = schema.Load(symbol); !s.ok()) return FailedCall(s);
   const auto& pool = schema.pool();
   if (auto* d = pool.FindServiceByName(symbol)) {
-    std::cout << "// " << d->file()->name() << "\n" << d->DebugString();
+    PrintLines("// " + d->file()->name(), d->DebugString());
   } else if (auto* m = pool.FindMethodByName(symbol)) {
-    std::cout << "// " << m->service()->full_name() << " in " << m->file()->name() << "\n"
-              << m->DebugString();
+    PrintLines("// " + m->service()->full_name() + " in " + m->file()->name(), m->DebugString());
   } else if (auto* t = pool.FindMessageTypeByName(symbol)) {
-    std::cout << "// " << t->file()->name() << "\n" << t->DebugString();
+    PrintLines("// " + t->file()->name(), t->DebugString());
   } else if (auto* e = pool.FindEnumTypeByName(symbol)) {
-    std::cout << "// " << e->file()->name() << "\n" << e->DebugString();
+    PrintLines("// " + e->file()->name(), e->DebugString());
   } else {
     std::cerr << "rdmarpc: " << symbol << " is not a service, method, message or enum\n";
     return 4;
@@ -198,7 +209,8 @@ int Call(const std::string& target, std::string method_name, std::string json,
     options.add_whitespace = indent;
     options.preserve_proto_field_names = true;
     if (auto st = google::protobuf::util::MessageToJsonString(message, &out, options); !st.ok()) {
-      std::cerr << "rdmarpc: a reply cannot be printed as JSON: " << st.ToString() << "\n";
+      std::cerr << "rdmarpc: a reply cannot be printed as JSON: "
+                << rdmarpc::EscapeForDisplay(st.ToString()) << "\n";
       return false;
     }
     std::cout << out << (indent ? "" : "\n") << std::flush;
