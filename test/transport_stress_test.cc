@@ -10,8 +10,11 @@
 #include <filesystem>
 
 #include "proto/echo.rdmarpc.pb.h"
+#include "rpc/event_loop.h"
 #include "test/process_util.h"
+#include "test/raw_peer.h"
 #include "test/test_util.h"
+#include "transport/factory.h"
 
 namespace asio = boost::asio;
 using namespace rdmarpc;
@@ -239,6 +242,66 @@ TEST_CASE(
     INFO("failure " << i << ": " << failures[i].ToString());
     CHECK(failures[i].code() == StatusCode::kUnavailable);
     CHECK(after_kill[i] < 10s);
+  }
+}
+
+// The TCP transport stops reading once a read leaves the socket empty (TCP_INQ says 0) instead
+// of reading on to EAGAIN; the peer's FIN makes TCP_INQ say "more". This is the case that rule
+// must not break: the last message and the FIN already queued together when the loop reads (it
+// was busy), so one read takes both and no new readiness follows. Both must still be seen.
+TEST_CASE("a message and the close right behind it, read together, are both seen",
+          "[stress][failure]") {
+  struct Seen final : transport::ConnectionHandler {
+    std::atomic<int> messages{0};
+    std::atomic<bool> closed{false};
+    void OnMessage(std::span<const std::byte>) override { ++messages; }
+    void OnClose(const transport::Error&) override { closed = true; }
+  };
+  for (int round = 0; round < 5; ++round) {
+    EventLoopThread server_loop, client_loop;
+    auto seen = std::make_shared<Seen>();
+    std::shared_ptr<transport::Connection> accepted;
+    std::atomic<bool> have_accepted{false};
+    auto listener = transport::Listen(
+        "tcp://127.0.0.1:0", {server_loop.executor()},
+        [&](std::shared_ptr<transport::Connection> conn) {
+          conn->Start(seen);
+          accepted = std::move(conn);
+          have_accepted = true;
+        },
+        transport::Options{});
+    REQUIRE(listener.ok());
+    auto client = asio::co_spawn(client_loop.executor(), RawConnect(listener.value()->uri()),
+                                 asio::use_future)
+                      .get();
+    for (int i = 0; i < 500 && !have_accepted; ++i) std::this_thread::sleep_for(10ms);
+    REQUIRE(have_accepted);
+    // Keep the server's loop busy while the message and the FIN arrive.
+    std::atomic<bool> busy{false};
+    asio::post(server_loop.executor(), [&] {
+      busy = true;
+      std::this_thread::sleep_for(300ms);
+    });
+    while (!busy) std::this_thread::sleep_for(1ms);
+    asio::post(client_loop.executor(), [conn = client.first] {
+      conn->Send(Bytes("the last message"));
+      conn->CloseAfterSending(1000);
+    });
+    const auto until = Clock::now() + 5s;
+    while ((!seen->closed || seen->messages == 0) && Clock::now() < until) {
+      std::this_thread::sleep_for(5ms);
+    }
+    CHECK(seen->messages == 1);
+    CHECK(seen->closed);
+    // Connections and the listener go on their own loop's thread, before the loops end.
+    asio::post(server_loop.executor(), asio::use_future([&] {
+                 if (accepted) accepted->Close();
+                 accepted.reset();
+                 listener.value()->Close();
+                 listener.value().reset();
+               }))
+        .get();
+    asio::post(client_loop.executor(), asio::use_future([&] { client.first.reset(); })).get();
   }
 }
 
