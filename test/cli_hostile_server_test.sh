@@ -13,8 +13,8 @@ rdmarpc=tools/cli/rdmarpc
 tmp=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; rm -rf "$tmp"' EXIT
-cases=()
-failures=0
+JUNIT_SUITE=cli_hostile_server
+. test/junit_checks.sh
 
 # check NAME WANT_EXIT PATTERN CMD...: runs CMD, wants exit status WANT_EXIT, output (stdout and
 # stderr) matching the extended regex PATTERN, and no escape, bell or forged line in it.
@@ -33,15 +33,7 @@ check() {
   elif grep -q '^FORGED' "$tmp/out"; then
     why="the server forged a line of the output"
   fi
-  if [ -n "$why" ]; then
-    echo "FAIL: $name: $why"
-    head -20 "$tmp/out" | cat -v | sed 's/^/    /'
-    failures=$((failures + 1))
-    cases+=("<testcase classname=\"cli_hostile_server\" name=\"$name\"><failure message=\"${why//\"/&quot;}\"/></testcase>")
-  else
-    echo "ok: $name"
-    cases+=("<testcase classname=\"cli_hostile_server\" name=\"$name\"/>")
-  fi
+  check_result "$name" "$why" "$(cat "$tmp/out")"
 }
 
 # start CASE: runs the lying server for CASE; sets $uri.
@@ -89,13 +81,4 @@ check "call: a reply nested 100,000 deep is refused, not a stack overflow" 1 \
   "INTERNAL: .*demo\.SayReply" "$rdmarpc" call "$uri" demo.Echo/Say '{"message": "hi"}'
 check "call: the same server still answers list afterwards" 0 "^demo\.Echo$" "$rdmarpc" list "$uri"
 
-if [ -n "${XML_OUTPUT_FILE:-}" ]; then
-  {
-    echo '<?xml version="1.0" encoding="UTF-8"?>'
-    echo "<testsuites><testsuite name=\"cli_hostile_server\" tests=\"${#cases[@]}\" failures=\"$failures\">"
-    printf '%s\n' "${cases[@]}"
-    echo '</testsuite></testsuites>'
-  } >"$XML_OUTPUT_FILE"
-fi
-echo "cli_hostile_server_test: ${#cases[@]} checks, $failures failed"
-[ "$failures" -eq 0 ]
+junit_finish

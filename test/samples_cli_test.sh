@@ -11,8 +11,8 @@ rdmarpc=tools/cli/rdmarpc
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cases=()
-failures=0
+JUNIT_SUITE=samples_cli
+. test/junit_checks.sh
 
 # check NAME WANT_EXIT PATTERN CMD...: runs CMD, wants exit status WANT_EXIT and output (stdout
 # and stderr) matching the extended regex PATTERN.
@@ -28,15 +28,7 @@ check() {
   elif ! grep -Eq -- "$pattern" <<<"$out"; then
     why="output does not match /$pattern/"
   fi
-  if [ -n "$why" ]; then
-    echo "FAIL: $name: $why"
-    echo "$out" | head -20 | sed 's/^/    /'
-    failures=$((failures + 1))
-    cases+=("<testcase classname=\"samples_cli\" name=\"$name\"><failure message=\"${why//\"/&quot;}\"/></testcase>")
-  else
-    echo "ok: $name"
-    cases+=("<testcase classname=\"samples_cli\" name=\"$name\"/>")
-  fi
+  check_result "$name" "$why" "$out"
 }
 
 for bin in "$echo_server" "$echo_client" "$kv_server" "$kv"; do
@@ -207,13 +199,4 @@ check "rdmarpc health: NOT_SERVING from SIGTERM, within --shutdown-grace-ms" 1 "
 check "echo_client: still served within the grace" 0 "" "$echo_client" --target "$echo_uri" --count 1
 wait "$echo_pid" 2>/dev/null
 
-if [ -n "${XML_OUTPUT_FILE:-}" ]; then
-  {
-    echo '<?xml version="1.0" encoding="UTF-8"?>'
-    echo "<testsuites><testsuite name=\"samples_cli\" tests=\"${#cases[@]}\" failures=\"$failures\">"
-    printf '%s\n' "${cases[@]}"
-    echo '</testsuite></testsuites>'
-  } >"$XML_OUTPUT_FILE"
-fi
-echo "samples_cli_test: ${#cases[@]} checks, $failures failed"
-[ "$failures" -eq 0 ]
+junit_finish
