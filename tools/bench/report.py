@@ -466,7 +466,12 @@ def main():
       "2,446, server 2,902 -> 2,863; depth-1 p50 and depth-32 calls/s did not move beyond "
       "the noise (7 interleaved rounds: p50 32.6 / 33.0 us median, 657 k / 652 k calls/s). For "
       "scale, the raw ping-pong itself spends 14.8-16.2 us of CPU per round trip on each side "
-      "(3 rounds of 3 s), nearly all of it in the kernel.")
+      "(3 rounds of 3 s), nearly all of it in the kernel. What would close the rest of the "
+      "gap is a wake-up that brings the data with it (io_uring: a receive posted in advance "
+      "completes into a ring the loop reads without a system call, its eventfd registered "
+      "edge-triggered in the reactor so that it need not be read), making two system calls "
+      "per side like the raw ping-pong; io_uring_setup works on this host (checked "
+      "2026-12-04), liburing is in Debian; not built.")
     w("- TCP 1 MiB: since the gathered sends (messages of 64 KiB and more leave in one "
       "`sendmsg` whose payload piece points at the protobuf message's own bytes field, through "
       "protobuf's aliasing output), a payload is copied once on the send side (by the kernel) "
