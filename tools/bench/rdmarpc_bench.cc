@@ -331,6 +331,26 @@ asio::awaitable<void> OpenConnections(const ClientConfig& cfg, Shared& shared, W
   if (running > 0) co_await done.async_wait(asio::as_tuple(asio::use_awaitable));
 }
 
+// `s` as the inside of a JSON string: quotes, backslashes and control characters escaped (an
+// error message may hold any of them; the scripts parse these lines as JSON).
+std::string JsonText(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string Fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -385,11 +405,11 @@ int RunStream(const ClientConfig& cfg) {
   const double per_s = o.seconds > 0 ? o.messages / o.seconds : 0;
   const double mbps = per_s * double(cfg.response_bytes) / 1e6;
   if (cfg.json) {
-    std::cout << "{\"target\":\"" << cfg.target
+    std::cout << "{\"target\":\"" << JsonText(cfg.target)
               << "\",\"stream\":true,\"response_bytes\":" << cfg.response_bytes
               << ",\"seconds\":" << Fixed(o.seconds, 3) << ",\"messages\":" << o.messages
               << ",\"messages_per_s\":" << Fixed(per_s, 0) << ",\"mb_per_s\":" << Fixed(mbps, 1)
-              << ",\"error\":\"" << o.error << "\"}" << std::endl;
+              << ",\"error\":\"" << JsonText(o.error) << "\"}" << std::endl;
   } else {
     std::printf("%s stream of %ld-byte messages: %llu in %.3f s, %.0f messages/s, %.1f MB/s%s%s\n",
                 cfg.target.c_str(), cfg.response_bytes, static_cast<unsigned long long>(o.messages),
@@ -450,14 +470,14 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
   const double server_pin =
       opened ? (double(after.pinned_bytes()) - double(before.pinned_bytes())) / opened : 0;
   if (cfg.json) {
-    std::cout << "{\"target\":\"" << cfg.target << "\",\"idle_connections_asked\":" << n
+    std::cout << "{\"target\":\"" << JsonText(cfg.target) << "\",\"idle_connections_asked\":" << n
               << ",\"opened\":" << opened << ",\"failed_calls\":" << failed
               << ",\"client_bytes_per_connection\":" << Fixed(client_per, 0)
               << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0)
               << ",\"client_pinned_per_connection\":" << Fixed(client_pin, 0)
               << ",\"server_pinned_per_connection\":" << Fixed(server_pin, 0)
-              << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\"" << w.error
-              << "\"}" << std::endl;
+              << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\""
+              << JsonText(w.error) << "\"}" << std::endl;
   } else {
     std::cout << "idle connections: " << opened << " of " << n << " opened"
               << (w.error.empty() ? "" : " (first error: " + w.error + ")") << "\n"
@@ -556,8 +576,9 @@ int RunClient(const ClientConfig& cfg) {
   const double mbps = rate * double(cfg.request_bytes + cfg.response_bytes) / 1e6;
   auto us = [&](double q) { return Fixed(h.Quantile(q) / 1000.0, 1); };
   if (cfg.json) {
-    std::cout << "{\"target\":\"" << cfg.target << "\",\"connections\":" << cfg.connections
-              << ",\"depth\":" << cfg.depth << ",\"request_bytes\":" << cfg.request_bytes
+    std::cout << "{\"target\":\"" << JsonText(cfg.target)
+              << "\",\"connections\":" << cfg.connections << ",\"depth\":" << cfg.depth
+              << ",\"request_bytes\":" << cfg.request_bytes
               << ",\"response_bytes\":" << cfg.response_bytes << ",\"threads\":" << cfg.threads
               << ",\"seconds\":" << Fixed(secs, 3) << ",\"calls\":" << counted
               << ",\"failed\":" << failed << ",\"calls_per_s\":" << Fixed(rate, 0)
@@ -570,7 +591,7 @@ int RunClient(const ClientConfig& cfg) {
                 << ",\"server_rss_start\":" << server_rss_start
                 << ",\"server_rss_end\":" << server_rss_end;
     }
-    std::cout << ",\"error\":\"" << error << "\"}" << std::endl;
+    std::cout << ",\"error\":\"" << JsonText(error) << "\"}" << std::endl;
   } else {
     std::printf(
         "%s: %ld conn x %ld deep, %ld B -> %ld B: %lu calls in %.2f s, %lu failed\n"
