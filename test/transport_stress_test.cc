@@ -258,7 +258,10 @@ TEST_CASE("a message and the close right behind it, read together, are both seen
     void OnClose(const transport::Error&) override { closed = true; }
   };
   for (int round = 0; round < 5; ++round) {
-    EventLoopThread server_loop, client_loop;
+    // The listener registers with its loop's reactor from this thread: start the loop after
+    // (kLoopConcurrencyHint: descriptors are registered by the loop's own thread, or before it
+    // runs).
+    EventLoopThread server_loop(/*start=*/false), client_loop;
     auto seen = std::make_shared<Seen>();
     std::shared_ptr<transport::Connection> accepted;
     std::atomic<bool> have_accepted{false};
@@ -271,6 +274,7 @@ TEST_CASE("a message and the close right behind it, read together, are both seen
         },
         transport::Options{});
     REQUIRE(listener.ok());
+    server_loop.Start();
     auto client = asio::co_spawn(client_loop.executor(), RawConnect(listener.value()->uri()),
                                  asio::use_future)
                       .get();
