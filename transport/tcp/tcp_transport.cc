@@ -1,8 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -95,11 +93,6 @@ class TcpConnection final : public Connection,
         reader_(kInitialReadBufferBytes, options.max_message_bytes) {
     boost::system::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
-    // TCP_INQ (Linux 4.18): each read also says how much the socket still holds, and says
-    // "more" once the peer's FIN has arrived. A read that leaves nothing then ends the reading
-    // without a second recv to EAGAIN (see ReadAndDeliver). Without it, we read on to EAGAIN.
-    const int on = 1;
-    inq_ = ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof on) == 0;
     auto remote = socket.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
     // From here on the descriptor is ours (Asio forgets it); it must not block.
@@ -398,27 +391,6 @@ class TcpConnection final : public Connection,
   static ssize_t RecvSome(int fd, std::byte* p, size_t n) {
     return ::syscall(SYS_recvfrom, fd, p, n, 0, nullptr, nullptr);
   }
-  // RecvSome on a socket with TCP_INQ: *left is what the socket still holds after this read
-  // (non-zero once the peer's FIN has arrived, even if no data is left), or -1 when the kernel
-  // did not say.
-  static ssize_t RecvSomeInq(int fd, std::byte* p, size_t n, int* left) {
-    iovec iov{p, n};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t got = ::syscall(SYS_recvmsg, fd, &msg, 0);
-    *left = -1;
-    if (got > 0 && msg.msg_controllen >= CMSG_LEN(sizeof(int))) {
-      const cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      if (c && c->cmsg_level == IPPROTO_TCP && c->cmsg_type == TCP_CM_INQ) {
-        std::memcpy(left, CMSG_DATA(c), sizeof(int));
-      }
-    }
-    return got;
-  }
   static ssize_t SendSome(int fd, const std::byte* p, size_t n) {
     return ::syscall(SYS_sendto, fd, p, n, MSG_NOSIGNAL, nullptr, 0);
   }
@@ -521,9 +493,7 @@ class TcpConnection final : public Connection,
   void ReadAndDeliver() {
     while (!drained_ && !paused_ && !handler_.closed()) {
       auto room = reader_.Writable();
-      int left = -1;
-      const ssize_t n = inq_ ? RecvSomeInq(fd_, room.data(), room.size(), &left)
-                             : RecvSome(fd_, room.data(), room.size());
+      const ssize_t n = RecvSome(fd_, room.data(), room.size());
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -538,12 +508,8 @@ class TcpConnection final : public Connection,
         return;
       }
       reader_.Commit(static_cast<size_t>(n));
-      // Nothing left and no FIN: whatever arrives from now on raises a new edge, so the
-      // recv that would only have said EAGAIN is skipped (one system call in four per small
-      // call on each side, ~1.2 us here).
-      if (left == 0) drained_ = true;
       if (!DeliverAndFlush()) return;
-      if (static_cast<size_t>(n) == room.size() && !drained_) {
+      if (static_cast<size_t>(n) == room.size()) {
         read_posted_ = true;
         asio::post(executor_, [self = shared_from_this()] {
           self->read_posted_ = false;
@@ -599,8 +565,7 @@ class TcpConnection final : public Connection,
   bool writing_ = false;         // inflight_ waits for room in the socket
   bool flush_scheduled_ = false;
   bool delivering_ = false;   // inside DeliverAndFlush: it flushes when it is done
-  bool drained_ = false;      // the last read found the kernel's queue empty (EAGAIN, TCP_INQ 0)
-  bool inq_ = false;          // TCP_INQ is on: reads say what the socket still holds
+  bool drained_ = false;      // the last read found the kernel's queue empty (EAGAIN)
   bool read_posted_ = false;  // ReadAndDeliver continues from a posted handler
   // Only while the kernel's send buffer is full (WaitWritable).
   std::unique_ptr<asio::posix::stream_descriptor> write_waiter_;
