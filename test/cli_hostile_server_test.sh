@@ -19,21 +19,15 @@ JUNIT_SUITE=cli_hostile_server
 # check NAME WANT_EXIT PATTERN CMD...: runs CMD, wants exit status WANT_EXIT, output (stdout and
 # stderr) matching the extended regex PATTERN, and no escape, bell or forged line in it.
 check() {
-  local name=$1 want=$2 pattern=$3
-  shift 3
-  local rc why=""
-  timeout 20 "$@" >"$tmp/out" 2>&1
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    why="exit $rc, want $want"
-  elif ! grep -Eq -- "$pattern" "$tmp/out"; then
-    why="output does not match /$pattern/"
-  elif LC_ALL=C grep -q $'[\x1b\x07]' "$tmp/out"; then
+  local name=$1 out why
+  shift
+  run_and_match "$@"
+  if [ -z "$why" ] && LC_ALL=C grep -q $'[\x1b\x07]' <<<"$out"; then
     why="a control character from the server reached the output"
-  elif grep -q '^FORGED' "$tmp/out"; then
+  elif [ -z "$why" ] && grep -q '^FORGED' <<<"$out"; then
     why="the server forged a line of the output"
   fi
-  check_result "$name" "$why" "$(cat "$tmp/out")"
+  check_result "$name" "$why" "$out"
 }
 
 # start CASE: runs the lying server for CASE; sets $uri.

@@ -204,6 +204,14 @@ void EachGetsItsOwnReply(TestService::BlockingStub& stub, int n, const std::stri
   }
 }
 
+// After what the server did, the channel serves a call again (on a new connection where it
+// had to drop one): waits for it to be ready, and the call gets its own payload back.
+void ServedAfterwards(TestService::BlockingStub& stub, const std::string& payload) {
+  auto r = Echo(stub, payload, {.timeout = 5s, .wait_for_ready = true});
+  REQUIRE(r.ok());
+  CHECK(r->payload() == payload);
+}
+
 }  // namespace
 
 TEST_CASE("a reply that does not parse fails that call alone, with INTERNAL naming the type",
@@ -262,9 +270,7 @@ TEST_CASE("a malformed frame from the server fails what it had, then the channel
   auto broken = Echo(stub, "break", {.timeout = 5s});
   CHECK(broken.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(broken.status().message(), Catch::Contains("malformed frame"));
-  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
-  REQUIRE(again.ok());
-  CHECK(again->payload() == "after");
+  ServedAfterwards(stub, "after");
   CHECK(server.accepted() == 2);
 }
 
@@ -308,9 +314,7 @@ TEST_CASE("a server stream sent past its window costs the server the connection,
   const Status s = call.Finish();
   CHECK(s.code() == StatusCode::kUnavailable);
   CHECK_THAT(s.message(), Catch::Contains("flow-control window"));
-  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
-  REQUIRE(again.ok());
-  CHECK(again->payload() == "after");
+  ServedAfterwards(stub, "after");
 }
 
 TEST_CASE("a reply over the client's message limit drops that connection; the call says so",
@@ -330,9 +334,7 @@ TEST_CASE("a reply over the client's message limit drops that connection; the ca
   auto big = Echo(stub, "big", {.timeout = 5s});
   CHECK(big.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(big.status().message(), Catch::Contains("limit"));
-  auto small = Echo(stub, "small", {.timeout = 5s, .wait_for_ready = true});
-  REQUIRE(small.ok());
-  CHECK(small->payload() == "small");
+  ServedAfterwards(stub, "small");
 }
 
 TEST_CASE("status codes nobody defined read as UNKNOWN; a huge GOAWAY reason is cut short",
@@ -384,9 +386,7 @@ TEST_CASE("status codes nobody defined read as UNKNOWN; a huge GOAWAY reason is 
     CHECK(now.status().code() == StatusCode::kUnavailable);
     CHECK(now.status().message().size() <= 8192);
   }
-  auto ready = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
-  REQUIRE(ready.ok());
-  CHECK(ready->payload() == "after");
+  ServedAfterwards(stub, "after");
   CHECK(server.accepted() == 2);
 }
 
@@ -503,7 +503,5 @@ TEST_CASE("stream messages on a client-streaming call are a protocol error, not 
   REQUIRE_FALSE(summary.ok());
   CHECK(summary.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(summary.status().message(), Catch::Contains("client-streaming call"));
-  auto again = Echo(stub, "after", {.timeout = 5s, .wait_for_ready = true});
-  REQUIRE(again.ok());
-  CHECK(again->payload() == "after");
+  ServedAfterwards(stub, "after");
 }

@@ -9,6 +9,22 @@ xml_text() {
   printf '%s' "$1" | sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'
 }
 
+# run_and_match WANT_EXIT PATTERN CMD...: runs CMD (20 s at most); sets `out` to its output
+# (stdout and stderr) and `why` to what is wrong: empty when it exited WANT_EXIT and its output
+# matches the extended regex PATTERN.
+run_and_match() {
+  local want=$1 pattern=$2 rc
+  shift 2
+  out=$(timeout 20 "$@" 2>&1)
+  rc=$?
+  why=""
+  if [ "$rc" -ne "$want" ]; then
+    why="exit $rc, want $want"
+  elif ! grep -Eq -- "$pattern" <<<"$out"; then
+    why="output does not match /$pattern/"
+  fi
+}
+
 # check_result NAME WHY OUTPUT: records check NAME, passed when WHY is empty; on failure prints
 # WHY and the first 20 lines of OUTPUT (control characters made visible).
 check_result() {

@@ -17,17 +17,9 @@ JUNIT_SUITE=samples_cli
 # check NAME WANT_EXIT PATTERN CMD...: runs CMD, wants exit status WANT_EXIT and output (stdout
 # and stderr) matching the extended regex PATTERN.
 check() {
-  local name=$1 want=$2 pattern=$3
-  shift 3
-  local out rc
-  out=$(timeout 20 "$@" 2>&1)
-  rc=$?
-  local why=""
-  if [ "$rc" -ne "$want" ]; then
-    why="exit $rc, want $want"
-  elif ! grep -Eq -- "$pattern" <<<"$out"; then
-    why="output does not match /$pattern/"
-  fi
+  local name=$1 out why
+  shift
+  run_and_match "$@"
   check_result "$name" "$why" "$out"
 }
 

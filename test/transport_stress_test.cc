@@ -278,23 +278,19 @@ TEST_CASE("a message and the close right behind it, read together, are both seen
     auto client = asio::co_spawn(client_loop.executor(), RawConnect(listener.value()->uri()),
                                  asio::use_future)
                       .get();
-    for (int i = 0; i < 500 && !have_accepted; ++i) std::this_thread::sleep_for(10ms);
-    REQUIRE(have_accepted);
+    REQUIRE(Eventually([&] { return have_accepted.load(); }, 5s));
     // Keep the server's loop busy while the message and the FIN arrive.
     std::atomic<bool> busy{false};
     asio::post(server_loop.executor(), [&] {
       busy = true;
       std::this_thread::sleep_for(300ms);
     });
-    while (!busy) std::this_thread::sleep_for(1ms);
+    REQUIRE(Eventually([&] { return busy.load(); }, 5s));
     asio::post(client_loop.executor(), [conn = client.first] {
       conn->Send(Bytes("the last message"));
       conn->CloseAfterSending(1000);
     });
-    const auto until = Clock::now() + 5s;
-    while ((!seen->closed || seen->messages == 0) && Clock::now() < until) {
-      std::this_thread::sleep_for(5ms);
-    }
+    Eventually([&] { return seen->closed && seen->messages > 0; }, 5s);
     CHECK(seen->messages == 1);
     CHECK(seen->closed);
     // Connections and the listener go on their own loop's thread, before the loops end.
