@@ -15,6 +15,8 @@ PACKAGES=(
   cmake pkgconf
   # benchmarks (tools/bench): plots, instruction counts, the report, the gRPC C++ yardstick
   gnuplot-nox valgrind python3 libgrpc++-dev protobuf-compiler-grpc
+  # tools/bench/tcp_wait_probe (an io_uring read-path experiment)
+  liburing-dev
   # key-value sample: its persistent engine
   librocksdb-dev
   # RDMA userspace (verbs, rdma_cm, rxe provider) and its tools
