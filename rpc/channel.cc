@@ -40,11 +40,20 @@ Status ConnectError(const transport::Error& e) {
 // A failure status from the server's frame. A code this build does not define (a newer server's,
 // or a broken one's) reads as UNKNOWN, as gRPC does, so that callers' switches over StatusCode
 // stay exhaustive; the number the server sent is kept in the message.
+// Text beyond the protocol's kMaxStatusMessageBytes (a broken or hostile server's) is dropped, and
+// the message says how much was: a caller's logs get the start of it, not megabytes.
+std::string ServerText(std::string_view message) {
+  const std::string_view kept = StatusTextCut(message);
+  if (kept.size() == message.size()) return std::string(message);
+  return std::string(kept) + " [" + std::to_string(message.size() - kept.size()) +
+         " more bytes from the server not shown]";
+}
+
 Status ServerStatus(uint32_t code, std::string_view message) {
   if (code <= static_cast<uint32_t>(StatusCode::kUnauthenticated)) {
-    return Status(static_cast<StatusCode>(code), std::string(message));
+    return Status(static_cast<StatusCode>(code), ServerText(message));
   }
-  return Status(StatusCode::kUnknown, std::string(message) + " (status code " +
+  return Status(StatusCode::kUnknown, ServerText(message) + " (status code " +
                                           std::to_string(code) + " from the server)");
 }
 
@@ -1166,9 +1175,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // sent on this connection, which we close once nothing is left on it.
   void OnGoAway(const DecodedFrame& f) {
     const std::string_view reason(reinterpret_cast<const char*>(f.payload.data()),
-                                  std::min<size_t>(f.payload.size(), 4096));
+                                  f.payload.size());
     goaway_ = f.header.status == static_cast<uint32_t>(StatusCode::kOk)
-                  ? Status(StatusCode::kUnavailable, std::string(reason))
+                  ? Status(StatusCode::kUnavailable, ServerText(reason))
                   : ServerStatus(f.header.status, reason);
     idle_goaway_ = (f.header.flags & kGoAwayFlagIdle) != 0;
     spdlog::info("channel {}: GOAWAY from server: {}", target_, goaway_->ToString());

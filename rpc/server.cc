@@ -301,7 +301,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     h.type = FrameType::kGoAway;
     h.flags = flags;
     h.status = static_cast<uint32_t>(why.code());
-    conn_->Send(FrameWriter(h, why.message()));
+    conn_->Send(FrameWriter(h, StatusTextCut(why.message())));
   }
 
   static Status ShuttingDown() {
@@ -464,10 +464,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
   void SendError(FrameHeader h, const Status& status) {
     h.status = static_cast<uint32_t>(status.code());
-    std::string_view msg = status.message();
-    // Keep error text small: it is for humans, not a data channel.
-    if (msg.size() > 4096) msg = msg.substr(0, 4096);
-    conn_->Send(FrameWriter(h, msg));
+    conn_->Send(FrameWriter(h, StatusTextCut(status.message())));
   }
 
   // The per-connection memory budget (ServerOptions::max_buffered_bytes_per_connection): requests

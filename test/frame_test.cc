@@ -234,3 +234,21 @@ TEST_CASE("stream credit from WINDOW frames is capped, never overflows", "[codec
   CHECK(AddStreamCredit(credit, 1) == int64_t{1} << 62);
   CHECK(AddStreamCredit((int64_t{1} << 62) - 5, 3) == (int64_t{1} << 62) - 2);
 }
+
+TEST_CASE("status text is cut at 4 KiB, never inside a UTF-8 character", "[codec]") {
+  const std::string a(kMaxStatusMessageBytes, 'a');
+  CHECK(StatusTextCut(a) == a);  // at the limit: whole
+  CHECK(StatusTextCut(a + "b") == a);
+  // A two-, three- and four-byte character that would straddle the limit is left out whole.
+  for (const std::string ch : {"\xc3\xa9", "\xe2\x80\xa8", "\xf0\x9f\x98\x80"}) {
+    const std::string head(kMaxStatusMessageBytes - 1, 'h');
+    INFO("character of " << ch.size() << " bytes");
+    CHECK(StatusTextCut(head + ch + "tail") == head);
+    // Ending exactly at the limit, it stays.
+    const std::string fits(kMaxStatusMessageBytes - ch.size(), 'f');
+    CHECK(StatusTextCut(fits + ch + "tail") == fits + ch);
+  }
+  // Bytes that are not UTF-8 (continuation bytes all along) lose at most three bytes more.
+  const std::string junk(kMaxStatusMessageBytes + 10, '\x80');
+  CHECK(StatusTextCut(junk).size() == kMaxStatusMessageBytes - 3);
+}

@@ -390,6 +390,35 @@ TEST_CASE("status codes nobody defined read as UNKNOWN; a huge GOAWAY reason is 
   CHECK(server.accepted() == 2);
 }
 
+TEST_CASE("a megabyte of error text reaches the caller as its first 4 KiB and a count",
+          "[hostile-server]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  // 4,095 bytes, then a two-byte UTF-8 character across the 4,096-byte limit, then 1 MiB.
+  const std::string huge = std::string(4095, 'e') + "\xc3\xa9" + std::string(1 << 20, 'x');
+  ScriptedServer server(listen, [&](transport::Connection& conn, const SeenRequest& r) {
+    if (EchoPayload(r) == "huge error") {
+      FrameHeader h = ResponseTo(r);
+      h.status = static_cast<uint32_t>(StatusCode::kInternal);
+      SendFrame(conn, h, huge);
+    } else {
+      AnswerEcho(conn, r);
+    }
+  });
+  auto stub = ConnectTo(server);
+  auto failed = Echo(stub, "huge error");
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == StatusCode::kInternal);
+  const std::string& text = failed.status().message();
+  // Cut before the character rather than through it, and the rest counted, not kept.
+  CHECK(text.rfind(std::string(4095, 'e') + " [", 0) == 0);
+  CHECK_THAT(text, Catch::Contains("[" + std::to_string(huge.size() - 4095) +
+                                   " more bytes from the server not shown]"));
+  CHECK(text.size() < 4096 + 64);
+  ServedAfterwards(stub, "after");
+  CHECK(server.accepted() == 1);
+}
+
 TEST_CASE("a server that never sends SETTINGS fails Connect at the connect timeout",
           "[hostile-server]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

@@ -28,6 +28,21 @@ inline constexpr size_t kFrameHeaderBytes = 32;
 // Metadata is small by design (routing keys, trace ids); larger data belongs in the message.
 inline constexpr size_t kMaxMetadataBytes = 64 * 1024;
 
+// A status message on the wire (RESPONSE with an error, GOAWAY) is text for people and logs, not a
+// data channel: at most this many bytes. StatusTextCut: the longest prefix of `text` within the
+// limit that does not end inside a UTF-8 sequence.
+inline constexpr size_t kMaxStatusMessageBytes = 4096;
+inline std::string_view StatusTextCut(std::string_view text) {
+  if (text.size() <= kMaxStatusMessageBytes) return text;
+  size_t cut = kMaxStatusMessageBytes;
+  // Back up over continuation bytes (10xxxxxx) so that the sequence they belong to is left out
+  // whole (at most 3 steps in valid UTF-8; text that is not UTF-8 just loses a few bytes more).
+  for (int i = 0; i < 3 && cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80; ++i) {
+    --cut;
+  }
+  return text.substr(0, cut);
+}
+
 // GOAWAY flags: the server closes a connection that was idle (ServerOptions::idle_timeout);
 // nothing is wrong, and the client reconnects when it next has a call.
 inline constexpr uint8_t kGoAwayFlagIdle = 0x01;
