@@ -37,11 +37,9 @@ Status ConnectError(const transport::Error& e) {
   return Status(e.busy ? StatusCode::kResourceExhausted : StatusCode::kUnavailable, e.message);
 }
 
-// A failure status from the server's frame. A code this build does not define (a newer server's,
-// or a broken one's) reads as UNKNOWN, as gRPC does, so that callers' switches over StatusCode
-// stay exhaustive; the number the server sent is kept in the message.
-// Text beyond the protocol's kMaxStatusMessageBytes (a broken or hostile server's) is dropped, and
-// the message says how much was: a caller's logs get the start of it, not megabytes.
+// A server's status text. Text beyond the protocol's kMaxStatusMessageBytes (a broken or hostile
+// server's) is dropped, and the message says how much was: a caller's logs get the start of it,
+// not megabytes.
 std::string ServerText(std::string_view message) {
   const std::string_view kept = StatusTextCut(message);
   if (kept.size() == message.size()) return std::string(message);
@@ -49,6 +47,9 @@ std::string ServerText(std::string_view message) {
          " more bytes from the server not shown]";
 }
 
+// A failure status from the server's frame. A code this build does not define (a newer server's,
+// or a broken one's) reads as UNKNOWN, as gRPC does, so that callers' switches over StatusCode
+// stay exhaustive; the number the server sent is kept in the message.
 Status ServerStatus(uint32_t code, std::string_view message) {
   if (code <= static_cast<uint32_t>(StatusCode::kUnauthenticated)) {
     return Status(static_cast<StatusCode>(code), ServerText(message));
