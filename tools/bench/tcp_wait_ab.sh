@@ -43,9 +43,10 @@ print()
 print("| server read path | p50 / epoll's (median of rounds) | CPU per message / epoll's | p50 us (median) | CPU us per message (median) | waits per message | EINTR per message |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for m in modes:
-    rs = [x[m] for x in by_round.values() if m in x and "epoll" in x]
-    lat = [x[m]["client"]["p50_us"] / x["epoll"]["client"]["p50_us"] for x in by_round.values() if m in x and "epoll" in x]
-    cpu = [x[m]["server"]["cpu_us_per_message"] / x["epoll"]["server"]["cpu_us_per_message"] for x in by_round.values() if m in x and "epoll" in x]
-    med = lambda k, s="client": statistics.median(r[s][k] for r in rs)
+    # (this mode's run, epoll's run) of each round that has both
+    pairs = [(x[m], x["epoll"]) for x in by_round.values() if m in x and "epoll" in x]
+    lat = [a["client"]["p50_us"] / e["client"]["p50_us"] for a, e in pairs]
+    cpu = [a["server"]["cpu_us_per_message"] / e["server"]["cpu_us_per_message"] for a, e in pairs]
+    med = lambda k, s="client": statistics.median(a[s][k] for a, _ in pairs)
     print(f"| {m} | {statistics.median(lat):.3f} | {statistics.median(cpu):.3f} | {med('p50_us'):.1f} | {med('cpu_us_per_message','server'):.2f} | {med('waits_per_message','server'):.3f} | {med('eintr_per_message','server'):.3f} |")
 PY
