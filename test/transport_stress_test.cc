@@ -29,6 +29,19 @@ std::pair<std::unique_ptr<Child>, std::string> StartEchoServer(const std::string
   return StartServer({Runfile("examples/echo/echo_server"), "--listen", listen, "--threads", "1"});
 }
 
+// Closes a server's accepted connection and its listener on their loop's thread (where they
+// live), before the loops end.
+void CloseOnLoop(EventLoopThread& loop, std::shared_ptr<transport::Connection>& accepted,
+                 std::unique_ptr<transport::Listener>& listener) {
+  asio::post(loop.executor(), asio::use_future([&] {
+               if (accepted) accepted->Close();
+               accepted.reset();
+               listener->Close();
+               listener.reset();
+             }))
+      .get();
+}
+
 }  // namespace
 
 TEST_CASE("the receive ring wraps around many times and every byte arrives intact", "[stress]") {
@@ -293,15 +306,78 @@ TEST_CASE("a message and the close right behind it, read together, are both seen
     Eventually([&] { return seen->closed && seen->messages > 0; }, 5s);
     CHECK(seen->messages == 1);
     CHECK(seen->closed);
-    // Connections and the listener go on their own loop's thread, before the loops end.
-    asio::post(server_loop.executor(), asio::use_future([&] {
-                 if (accepted) accepted->Close();
-                 accepted.reset();
-                 listener.value()->Close();
-                 listener.value().reset();
-               }))
-        .get();
+    CloseOnLoop(server_loop, accepted, listener.value());
     asio::post(client_loop.executor(), asio::use_future([&] { client.first.reset(); })).get();
+  }
+}
+
+TEST_CASE(
+    "after a run of one message at a time, a burst and the close right behind it are all seen",
+    "[stress][failure]") {
+  // A TCP connection whose reads past an emptied socket (TCP_INQ 0) keep finding nothing stops
+  // making them; what arrives later must still be read, every byte of it, and the FIN too.
+  constexpr int kExchanges = 200, kBurst = 3000;
+  struct Server final : transport::ConnectionHandler {
+    transport::Connection* conn = nullptr;  // set on the server's loop before Start
+    std::atomic<int> messages{0};
+    std::atomic<size_t> bytes{0};
+    std::atomic<bool> closed{false};
+    void OnMessage(std::span<const std::byte> m) override {
+      ++messages;
+      bytes += m.size();
+      if (m.size() == 4) conn->Send(Bytes("pong"));  // the exchanges are answered, the burst not
+    }
+    void OnClose(const transport::Error&) override { closed = true; }
+  };
+  struct Client final : transport::ConnectionHandler {
+    std::shared_ptr<transport::Connection> conn;  // dropped on the client's loop at the end
+    int pongs = 0;
+    void OnMessage(std::span<const std::byte>) override {
+      if (++pongs < kExchanges) {
+        conn->Send(Bytes("ping"));
+        return;
+      }
+      for (int i = 0; i < kBurst; ++i) conn->Send(Bytes(std::string(5 + i % 700, 'b')));
+      conn->CloseAfterSending(5000);
+    }
+    void OnClose(const transport::Error&) override {}
+  };
+  size_t burst_bytes = 0;
+  for (int i = 0; i < kBurst; ++i) burst_bytes += 5 + i % 700;
+  for (int round = 0; round < 3; ++round) {
+    EventLoopThread server_loop(/*start=*/false), client_loop;
+    auto server = std::make_shared<Server>();
+    std::shared_ptr<transport::Connection> accepted;
+    auto listener = transport::Listen(
+        "tcp://127.0.0.1:0", {server_loop.executor()},
+        [&](std::shared_ptr<transport::Connection> conn) {
+          server->conn = conn.get();
+          conn->Start(server);
+          accepted = std::move(conn);
+        },
+        transport::Options{});
+    REQUIRE(listener.ok());
+    server_loop.Start();
+    auto client = std::make_shared<Client>();
+    const std::string uri = listener.value()->uri();
+    asio::co_spawn(
+        client_loop.executor(),
+        [&]() -> asio::awaitable<void> {
+          auto ex = co_await asio::this_coro::executor;
+          const transport::Options options;
+          auto conn = co_await transport::Connect(uri, ex, options);
+          if (!conn.ok()) throw std::runtime_error(conn.error().message);
+          client->conn = conn.value();
+          client->conn->Start(client);
+          client->conn->Send(Bytes("ping"));
+        },
+        asio::use_future)
+        .get();
+    REQUIRE(Eventually([&] { return server->closed.load(); }, 20s));
+    CHECK(server->messages == kExchanges + kBurst);
+    CHECK(server->bytes == 4 * size_t(kExchanges) + burst_bytes);
+    CloseOnLoop(server_loop, accepted, listener.value());
+    asio::post(client_loop.executor(), asio::use_future([&] { client->conn.reset(); })).get();
   }
 }
 

@@ -32,8 +32,10 @@ class Poller final : public boost::asio::execution_context::service {
   class Client {
    public:
     // The descriptor became readable, or failed or hung up (which a read reports). Edge-
-    // triggered: read until EAGAIN (or end of stream); nothing more is reported until new data
-    // arrives after that. Writability is not watched: wait for it some other way (it is rare).
+    // triggered: read until EAGAIN (or end of stream), or until a read's TCP_INQ says the
+    // socket is empty (it counts a received FIN as something); nothing more is reported until
+    // new data arrives after that. Writability is not watched: wait for it some other way (it
+    // is rare).
     virtual void OnReady() = 0;
     // The io_context is going away: the poller closes the descriptor and drops the client
     // right after this. Forget both (the number may be reused at once).

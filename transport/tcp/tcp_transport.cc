@@ -1,6 +1,8 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -93,6 +95,11 @@ class TcpConnection final : public Connection,
         reader_(kInitialReadBufferBytes, options.max_message_bytes) {
     boost::system::error_code ec;
     socket.set_option(tcp::no_delay(true), ec);
+    // TCP_INQ (Linux 4.18): each read also says what the socket still holds, counting a
+    // received FIN as something, so a read can tell it emptied the socket (see ReadAndDeliver).
+    // Without it, every reading goes on to EAGAIN.
+    const int on = 1;
+    inq_ = ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof on) == 0;
     auto remote = socket.remote_endpoint(ec);
     peer_ = ec ? std::string("tcp://?") : EndpointUri(remote);
     // From here on the descriptor is ours (Asio forgets it); it must not block.
@@ -220,6 +227,7 @@ class TcpConnection final : public Connection,
   void OnReady() override {
     if (handler_.closed()) return;
     drained_ = false;
+    reading_on_ = false;
     if (!paused_ && !delivering_ && !read_posted_) ReadAndDeliver();
   }
 
@@ -391,6 +399,27 @@ class TcpConnection final : public Connection,
   static ssize_t RecvSome(int fd, std::byte* p, size_t n) {
     return ::syscall(SYS_recvfrom, fd, p, n, 0, nullptr, nullptr);
   }
+  // RecvSome on a socket with TCP_INQ: *left is what the socket still holds after this read
+  // (non-zero once the peer's FIN has arrived, even with no data left), or -1 when the kernel
+  // did not say.
+  static ssize_t RecvSomeInq(int fd, std::byte* p, size_t n, int* left) {
+    iovec iov{p, n};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t got = ::syscall(SYS_recvmsg, fd, &msg, 0);
+    *left = -1;
+    if (got > 0 && msg.msg_controllen >= CMSG_LEN(sizeof(int))) {
+      const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      if (c && c->cmsg_level == IPPROTO_TCP && c->cmsg_type == TCP_CM_INQ) {
+        std::memcpy(left, CMSG_DATA(c), sizeof(int));
+      }
+    }
+    return got;
+  }
   static ssize_t SendSome(int fd, const std::byte* p, size_t n) {
     return ::syscall(SYS_sendto, fd, p, n, MSG_NOSIGNAL, nullptr, 0);
   }
@@ -493,10 +522,14 @@ class TcpConnection final : public Connection,
   void ReadAndDeliver() {
     while (!drained_ && !paused_ && !handler_.closed()) {
       auto room = reader_.Writable();
-      const ssize_t n = RecvSome(fd_, room.data(), room.size());
+      int left = -1;
+      const ssize_t n = inq_ ? RecvSomeInq(fd_, room.data(), room.size(), &left)
+                             : RecvSome(fd_, room.data(), room.size());
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (reading_on_ && read_on_ > 0) --read_on_;
+          reading_on_ = false;
           drained_ = true;
           return;
         }
@@ -507,9 +540,21 @@ class TcpConnection final : public Connection,
         CloseWith("peer closed the connection");
         return;
       }
+      if (reading_on_) read_on_ = kReadOnAfterFind;
+      reading_on_ = false;
       reader_.Commit(static_cast<size_t>(n));
+      if (left == 0) {
+        // The socket is empty (no data, no FIN): whatever arrives from now on raises a new
+        // edge. Read on past it only while that has been finding bytes (see read_on_), and
+        // now and then to notice a flow starting.
+        if (read_on_ > 0 || ++probe_ % kReadOnProbeEvery == 0) {
+          reading_on_ = true;
+        } else {
+          drained_ = true;
+        }
+      }
       if (!DeliverAndFlush()) return;
-      if (static_cast<size_t>(n) == room.size()) {
+      if (static_cast<size_t>(n) == room.size() && !drained_) {
         read_posted_ = true;
         asio::post(executor_, [self = shared_from_this()] {
           self->read_posted_ = false;
@@ -564,8 +609,22 @@ class TcpConnection final : public Connection,
   size_t inflight_written_ = 0;  // bytes of inflight_ the kernel has taken
   bool writing_ = false;         // inflight_ waits for room in the socket
   bool flush_scheduled_ = false;
-  bool delivering_ = false;   // inside DeliverAndFlush: it flushes when it is done
-  bool drained_ = false;      // the last read found the kernel's queue empty (EAGAIN)
+  bool delivering_ = false;  // inside DeliverAndFlush: it flushes when it is done
+  bool drained_ = false;     // the kernel's queue was found empty (EAGAIN, or TCP_INQ 0)
+  bool inq_ = false;         // TCP_INQ is on: reads say what the socket still holds
+  // Reading on past a read that emptied the socket (TCP_INQ 0). In a request/response exchange
+  // that recv only ever says EAGAIN (a system call, ~1.2 us of CPU per message on each side on
+  // this host): the next bytes come after our reply has been answered. In a flow (a stream,
+  // many calls in flight) it usually finds bytes that arrived while the last ones were being
+  // delivered, which is cheaper than a sleep and a wake-up for them (skipping it always cut a
+  // 64 KiB stream by a third). So each connection learns which it is: a read on that finds
+  // bytes sets read_on_ to kReadOnAfterFind, one that finds nothing takes one off, and at zero
+  // the reading stops at TCP_INQ 0, reading on only every kReadOnProbeEvery-th time.
+  static constexpr uint8_t kReadOnAfterFind = 8;
+  static constexpr uint8_t kReadOnProbeEvery = 16;
+  uint8_t read_on_ = kReadOnAfterFind;
+  uint8_t probe_ = 0;
+  bool reading_on_ = false;   // the read in progress follows one that emptied the socket
   bool read_posted_ = false;  // ReadAndDeliver continues from a posted handler
   // Only while the kernel's send buffer is full (WaitWritable).
   std::unique_ptr<asio::posix::stream_descriptor> write_waiter_;
