@@ -43,15 +43,26 @@ echo "$p"
 echo "$p" | grep -Eq '"calls":[1-9][0-9]*,' || fail "tcp_pingpong counted nothing"
 for mode in blocking epoll uring-eventfd uring-oneshot uring-wait; do
   start_server "probe-$mode" $bin/tcp_wait_probe --mode "$mode"
-  p=$($bin/tcp_pingpong --port "${addr##*:}" --bytes 64 --depth 2 --duration 1 --warmup 0 --json)
+  p=$(timeout 20 $bin/tcp_pingpong --port "${addr##*:}" --bytes 64 --depth 2 --duration 1 \
+      --warmup 0 --json)
   status=$?
+  [ $status = 124 ] && fail "tcp_pingpong against tcp_wait_probe --mode $mode hung (20 s)"
   wait "${pids[-1]}"
+  probe_status=$?
   probe=$(grep '^{' "$tmp/probe-$mode.log")
   if [[ $mode == uring-* ]] && grep -q "io_uring_setup" "$tmp/probe-$mode.log"; then
     # An experiment, not part of rdmarpc: a kernel or sandbox without io_uring skips it, loudly.
     echo "bench_smoke_test: SKIPPED tcp_wait_probe --mode $mode: $(cat "$tmp/probe-$mode.log")"
     continue
   fi
+  if [ $mode = uring-eventfd ] && [ $probe_status = 3 ]; then
+    # io_uring lost a completion in a way the probe does not know (it recovers the one it
+    # knows, see Uring::Stalled in tcp_wait_probe.cc): a finding about the kernel, reported
+    # loudly, not a failure of rdmarpc, which does not use io_uring.
+    echo "bench_smoke_test: STALLED (reported, not failed) tcp_wait_probe --mode $mode: $(cat "$tmp/probe-$mode.log")"
+    continue
+  fi
+  [ $probe_status = 0 ] || fail "tcp_wait_probe --mode $mode exited $probe_status: $(cat "$tmp/probe-$mode.log")"
   [ $status = 0 ] || fail "tcp_pingpong against tcp_wait_probe --mode $mode failed: $p"
   echo "$probe"
   echo "$probe" | grep -Eq '"messages":[1-9][0-9]*,' || fail "tcp_wait_probe --mode $mode read nothing"

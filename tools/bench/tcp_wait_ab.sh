@@ -22,8 +22,12 @@ for r in $(seq "$rounds"); do
     pid=$!
     wait_listening "$res/probe.log"
     port=$(listening_uri "$res/probe.log" | sed 's/.*://')
-    client=$($pingpong --port "$port" --bytes "$bytes" --duration 3 --warmup 1 --json)
-    wait "$pid"
+    client=$($pingpong --port "$port" --bytes "$bytes" --duration 3 --warmup 1 --json) || true
+    if ! wait "$pid"; then
+      # uring-eventfd can stall (tcp_wait_probe.cc, EpollWait): the round goes without it.
+      echo "round $r: $mode left out: $(grep -v '^listening' "$res/probe.log")" >&2
+      continue
+    fi
     server=$(grep '^{' "$res/probe.log")
     echo "{\"round\":$r,\"client\":$client,\"server\":$server}" | tee -a "$res/rounds.jsonl"
   done
