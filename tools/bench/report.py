@@ -487,7 +487,11 @@ def main():
       "read path (a per-loop ring of provided buffers one peer can drain, a copy out of it into "
       "the reassembler, cancellation and buffer lifetimes when a connection closes or pauses). "
       "Most of what io_uring offers here needs it as the loop's wait, i.e. in place of Asio's "
-      "epoll reactor; not built.")
+      "epoll reactor; not built. One more cost of that second path, met by the probe itself "
+      "(2026-12-04, nineteenth session): on this kernel io_uring now and then parks a multishot "
+      "receive's completion on its overflow list with the completion queue empty, and such a "
+      "completion signals no eventfd, so a loop that waits in epoll must look for overflowed "
+      "completions itself (the probe hung in 5 of 60 one-second runs until it did).")
     w("- TCP 1 MiB: since the gathered sends (messages of 64 KiB and more leave in one "
       "`sendmsg` whose payload piece points at the protobuf message's own bytes field, through "
       "protobuf's aliasing output), a payload is copied once on the send side (by the kernel) "
