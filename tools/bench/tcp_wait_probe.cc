@@ -203,8 +203,11 @@ class Uring {
     }
     if (seen == 0) ++c.empty;
     io_uring_cq_advance(&ring_, seen);
-    if (open && io_uring_cq_has_overflow(&ring_)) return FlushOverflow(c) && ReapMultishot(fd, c);
     if (open && rearm) ArmMultishot(fd);
+    if (open && io_uring_cq_has_overflow(&ring_)) {
+      FlushOverflow(c);
+      return ReapMultishot(fd, c);
+    }
     return open;
   }
 
@@ -233,10 +236,9 @@ class Uring {
  private:
   static constexpr unsigned kBuffers = 64;
   static constexpr unsigned kBufferBytes = 16384;
-  bool FlushOverflow(Counts& c) {
+  void FlushOverflow(Counts& c) {
     ++c.overflows;
     if (int e = io_uring_get_events(&ring_); e < 0) Fail("io_uring_get_events", -e);
-    return true;
   }
   void GiveBack(unsigned id, unsigned offset) {
     io_uring_buf_ring_add(bufs_, &data_[id * kBufferBytes], kBufferBytes,
