@@ -468,7 +468,7 @@ def main():
       "of the change (B), interleaved rounds, medians of per-round B/A ratios): depth 1, 64 B, 7 "
       "rounds: CPU per call (user+sys, /proc and time(1)) server 0.896x, client 0.924x, p50 "
       "0.982x, depth-32 calls/s 0.984x; streams, 8 rounds: 64 KiB 1.034x, 4 KiB 0.976x, 1 MiB "
-      "one way at depth 4 1.010x (single rounds ranged 0.66x-1.50x on this noisy host, in both "
+      "one way at depth 4 1.010x, and 8 more rounds: 64 B 1.017x, 4 KiB 1.013x (single rounds ranged 0.66x-1.50x on this noisy host, in both "
       "directions); `callgrind_pair`: system calls per call (epoll_wait aside) 2.99 -> 2.06 on "
       "each side, instructions server 2,884 -> 2,859, client 2,484 -> 2,460. io_uring, measured on "
       "its own (2026-12-04, eighteenth session; "
