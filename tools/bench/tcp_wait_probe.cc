@@ -84,6 +84,9 @@ void Echo(int fd, const char* p, size_t n) {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) continue;  // 64 B replies: the socket buffer is never full here
+      // The client left with echoes unread (its run ended): the next read says so and ends
+      // the serving, with the counts printed.
+      if (errno == ECONNRESET || errno == EPIPE) return;
       Fail("send", errno);
     }
     p += w;
