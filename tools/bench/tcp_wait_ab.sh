@@ -24,7 +24,8 @@ for r in $(seq "$rounds"); do
     port=$(listening_uri "$res/probe.log" | sed 's/.*://')
     client=$($pingpong --port "$port" --bytes "$bytes" --duration 3 --warmup 1 --json) || true
     if ! wait "$pid"; then
-      # uring-eventfd can stall (tcp_wait_probe.cc, EpollWait): the round goes without it.
+      # A probe that stalled (tcp_wait_probe.cc, Uring::Stalled: exit 3) or failed: the round
+      # goes without that mode.
       echo "round $r: $mode left out: $(grep -v '^listening' "$res/probe.log")" >&2
       continue
     fi
