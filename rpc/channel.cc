@@ -23,6 +23,7 @@
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
+#include "rpc/internal/parse.h"
 #include "rpc/internal/reconnector.h"
 #include "transport/factory.h"
 
@@ -992,7 +993,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     // s.status is OK already (FreeSlot leaves it so, and nothing else sets it on a call that
     // is not done): only a failure sets it, out of line (fewer registers saved on the way).
     if (f.header.status != static_cast<uint32_t>(StatusCode::kOk) ||
-        !s.reply->ParseFromArray(f.payload.data(), static_cast<int>(f.payload.size()))) {
+        !internal::ParsePayload(*s.reply, f.payload)) {
       SetReplyError(s, f);
     }
     s.done = true;

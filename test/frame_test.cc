@@ -1,11 +1,14 @@
 // The frame codec: round trips, and rejection of truncated or garbled input.
 #include "rpc/internal/frame.h"
 
+#include <google/protobuf/descriptor.pb.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
 #include "rpc/internal/frame_writer.h"
+#include "rpc/internal/parse.h"
 #include "test/protos/test_service.pb.h"
 #include "transport/uri.h"
 
@@ -251,4 +254,62 @@ TEST_CASE("status text is cut at 4 KiB, never inside a UTF-8 character", "[codec
   // Bytes that are not UTF-8 (continuation bytes all along) lose at most three bytes more.
   const std::string junk(kMaxStatusMessageBytes + 10, '\x80');
   CHECK(StatusTextCut(junk).size() == kMaxStatusMessageBytes - 3);
+}
+
+// ParsePayload (rpc/internal/parse.h) parses in place and lets protobuf read the
+// transport::kMessageSlopBytes that follow a payload. What those bytes hold must never change
+// the outcome: for every prefix of a rich message (nested messages, repeated and packed fields,
+// strings, proto2 required fields), followed by the rest of the real message (which would
+// complete a cut field), by 0x00s, by 0xffs (varint continuation bytes) or by a valid tag, the
+// result is ParseFromArray's on the prefix alone: the same success or failure, the same message.
+TEST_CASE("a payload parses in place exactly as ParseFromArray, whatever follows it", "[codec]") {
+  google::protobuf::FileDescriptorProto rich;
+  google::protobuf::FileDescriptorProto::descriptor()->file()->CopyTo(&rich);
+  // A message with required fields, set and unset (IsInitialized must decide as before).
+  auto* option = rich.mutable_options()->add_uninterpreted_option();
+  option->add_name()->set_name_part("part");
+  option->mutable_name(0)->set_is_extension(true);
+  option->set_string_value(std::string(40, 'x'));
+  option->add_name()->set_name_part("missing is_extension");
+  const std::string wire = rich.SerializePartialAsString();
+  REQUIRE(wire.size() > 1000);
+
+  const std::string fills[] = {std::string(transport::kMessageSlopBytes, '\0'),
+                               std::string(transport::kMessageSlopBytes, '\xff'),
+                               std::string(transport::kMessageSlopBytes, '\x0a')};
+  size_t parsed = 0, refused = 0;
+  for (size_t k = 0; k <= wire.size(); ++k) {
+    google::protobuf::FileDescriptorProto expected;
+    const bool expected_ok = expected.ParseFromArray(wire.data(), static_cast<int>(k));
+    expected_ok ? ++parsed : ++refused;
+    std::vector<std::string> buffers;
+    buffers.push_back(wire.substr(0, k) +
+                      (wire.substr(k) + std::string(transport::kMessageSlopBytes, '\0'))
+                          .substr(0, transport::kMessageSlopBytes));
+    for (const auto& fill : fills) buffers.push_back(wire.substr(0, k) + fill);
+    for (const std::string& buf : buffers) {
+      google::protobuf::FileDescriptorProto got;
+      got.set_name("left over from before: the parse replaces it");
+      const bool ok = internal::ParsePayload(
+          got, std::span<const std::byte>(reinterpret_cast<const std::byte*>(buf.data()), k));
+      INFO("prefix " << k << " of " << wire.size() << ", next byte "
+                     << static_cast<int>(static_cast<unsigned char>(buf[k])));
+      REQUIRE(ok == expected_ok);
+      if (ok) REQUIRE(got.SerializePartialAsString() == expected.SerializePartialAsString());
+    }
+  }
+  // Both outcomes were exercised (most cuts fall inside a field; some between two).
+  CHECK(parsed > 10);
+  CHECK(refused > 100);
+  // The whole message, with its one missing required field, is refused; set, it parses.
+  google::protobuf::FileDescriptorProto whole;
+  const std::string padded = wire + std::string(transport::kMessageSlopBytes, '\0');
+  const auto span = [](const std::string& s, size_t n) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), n);
+  };
+  CHECK_FALSE(internal::ParsePayload(whole, span(padded, wire.size())));
+  option->mutable_name(1)->set_is_extension(false);
+  const std::string complete = rich.SerializePartialAsString() + std::string(16, '\0');
+  REQUIRE(internal::ParsePayload(whole, span(complete, complete.size() - 16)));
+  CHECK(whole.SerializePartialAsString() == rich.SerializePartialAsString());
 }

@@ -98,12 +98,20 @@ class MessageWriter {
   ~MessageWriter() = default;
 };
 
+// Every message handed to ConnectionHandler::OnMessage is followed in memory by at least this
+// many readable bytes, of unspecified content (the next message, or padding that is part of the
+// buffer's allocation). Protobuf's parser reads up to 16 bytes ahead of where it is parsing; with
+// these bytes there it parses a message to its end in place instead of copying its tail first
+// (rpc/internal/parse.h). Every transport guarantees it, for every delivery path.
+inline constexpr size_t kMessageSlopBytes = 16;
+
 // Receives what arrives on a connection. Implemented by the layer above.
 class ConnectionHandler {
  public:
   virtual ~ConnectionHandler() = default;
   // One complete message. `message` points into the transport's receive buffer or ring and is
-  // valid only until this returns: parse or copy it first.
+  // valid only until this returns: parse or copy it first. At least kMessageSlopBytes readable
+  // bytes follow it (see there).
   virtual void OnMessage(std::span<const std::byte> message) = 0;
   // The connection is closed, by either side or by an error; `reason` says which. Called exactly
   // once, never from inside Send or Close, and no OnMessage follows.

@@ -23,6 +23,7 @@
 #include "rpc/context.h"
 #include "rpc/interceptor.h"
 #include "rpc/internal/frame.h"  // kStreamWindowBytes
+#include "rpc/internal/parse.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
 
@@ -290,7 +291,7 @@ void RunJob(std::unique_ptr<Job> job) {
 // INVALID_ARGUMENT and returns false.
 inline bool ParseRequest(google::protobuf::MessageLite& request, std::span<const std::byte> payload,
                          ServerCall& call) {
-  if (request.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) return true;
+  if (ParsePayload(request, payload)) return true;
   call.Finish(
       Status(StatusCode::kInvalidArgument, "request does not parse as " + request.GetTypeName()),
       nullptr);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <span>
@@ -18,6 +20,10 @@
 #include "rpc/internal/keepalive.h"
 #include "transport/transport.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace rdmarpc::internal {
 
 // Role implements OnFrame(const DecodedFrame&, size_t message_bytes) and
@@ -26,6 +32,18 @@ template <class Role>
 class FrameEndpoint : public transport::ConnectionHandler {
  public:
   void OnMessage(std::span<const std::byte> message) final {
+#if defined(__SANITIZE_ADDRESS__)
+    // ParsePayload reads into the bytes the transport promises after each message
+    // (kMessageSlopBytes); AddressSanitizer builds check the promise on every message.
+    if (__asan_region_is_poisoned(const_cast<std::byte*>(message.data() + message.size()),
+                                  transport::kMessageSlopBytes)) {
+      std::fprintf(stderr,
+                   "transport broke its promise: fewer than %zu readable bytes after a "
+                   "message of %zu bytes\n",
+                   transport::kMessageSlopBytes, message.size());
+      std::abort();
+    }
+#endif
     keepalive_.Heard();
     DecodedFrame f;
     if (!ParseFrame(message, &f)) {

@@ -24,7 +24,8 @@ class InprocConnection;
 // executor; what they share is here, under `mu`. An end that is gone is no longer posted to,
 // so no handler is queued on an executor whose connection has been destroyed.
 struct Link {
-  struct Pipe {                                // one direction
+  struct Pipe {  // one direction
+    // Each message followed by kMessageSlopBytes of padding (see Send).
     std::deque<std::vector<std::byte>> ready;  // for the receiver, in order
     std::deque<std::vector<std::byte>> held;   // held by a fault hook; after `ready`
     size_t bytes = 0;                          // in ready and held: the sender's queued bytes
@@ -157,10 +158,15 @@ class InprocConnection final : public Connection,
 
   bool Send(const MessageWriter& message) override {
     if (handler_.closed() || message.size() > max_message_bytes_) return false;
-    std::vector<std::byte> bytes(message.size());
+    // The padding after the message is what every transport leaves after one it delivers
+    // (kMessageSlopBytes).
+    const size_t n = message.size();
+    std::vector<std::byte> bytes(n + kMessageSlopBytes);
     message.WriteTo(bytes.data());
     Fault fault = Fault::kDeliver;
-    if (auto hook = HookFor(link_->name); hook && *hook) fault = (*hook)(out_, bytes);
+    if (auto hook = HookFor(link_->name); hook && *hook) {
+      fault = (*hook)(out_, std::span<const std::byte>(bytes.data(), n));
+    }
     if (fault == Fault::kDrop) return true;
     if (fault == Fault::kReset) {
       Reset("connection reset (fault injected)");
@@ -171,7 +177,7 @@ class InprocConnection final : public Connection,
     // Not reached while this end is open (closing marks `out` and closed() above); kept so that
     // nothing is ever queued behind a close.
     if (out.closed || out.reset) return false;
-    out.bytes += bytes.size();
+    out.bytes += n;
     if (fault == Fault::kHold || !out.held.empty()) {
       out.held.push_back(std::move(bytes));
     } else {
@@ -214,6 +220,7 @@ class InprocConnection final : public Connection,
     bool progressed = false;
     for (int n = 0;; ++n) {
       std::vector<std::byte> message;
+      size_t size = 0;  // message's, without the padding
       std::optional<std::string> close;
       {
         std::lock_guard lock(link_->mu);
@@ -236,10 +243,11 @@ class InprocConnection final : public Connection,
         } else {
           message = std::move(in.ready.front());
           in.ready.pop_front();
-          in.bytes -= message.size();
+          size = message.size() - kMessageSlopBytes;
+          in.bytes -= size;
           progressed = true;
-          if (message.size() > max_message_bytes_) {  // the peer's limit may be larger than ours
-            close = "peer sent a message of " + std::to_string(message.size()) +
+          if (size > max_message_bytes_) {  // the peer's limit may be larger than ours
+            close = "peer sent a message of " + std::to_string(size) +
                     " bytes, over the limit of " + std::to_string(max_message_bytes_);
           }
         }
@@ -248,7 +256,9 @@ class InprocConnection final : public Connection,
         CloseWith(std::move(*close));
         break;
       }
-      if (ConnectionHandler* h = handler_.get()) h->OnMessage(message);
+      if (ConnectionHandler* h = handler_.get()) {
+        h->OnMessage(std::span<const std::byte>(message.data(), size));
+      }
     }
     if (progressed) TellSender();
   }

@@ -74,12 +74,16 @@ Expected<void> RdmaConnection::Adopt(CmId id, EventChannel events) {
   return {};
 }
 
+static_assert(RecordAssembler::kSlopBytes >= kMessageSlopBytes);
+
 Expected<void> RdmaConnection::Setup() {
   if (id_->verbs == nullptr) return Error{"the CM id is not bound to an RDMA device"};
   auto dev = ThreadDevice::For(executor_, id_->verbs, options_);
   if (!dev.ok()) return dev.error();
   dev_ = dev.value();
-  recv_buf_ = AllocAligned(kRingBytes);
+  // Followed by kMessageSlopBytes that are not registered: a message that ends at the ring's
+  // end is followed by readable bytes too (transport.h).
+  recv_buf_ = AllocAligned(kRingBytes + kMessageSlopBytes);
   if (!recv_buf_) return Error{"out of memory for the receive ring"};
   auto send = dev_->AcquireSendBuffer();
   if (!send.ok()) return send.error();

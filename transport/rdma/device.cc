@@ -95,7 +95,10 @@ Expected<ThreadDevice::BulkBuffer> ThreadDevice::AcquireBulk(size_t bytes) {
   }
   BulkBuffer b;
   void* p = nullptr;
-  if (posix_memalign(&p, 4096, cap) != 0) return Error{"out of memory for a large message"};
+  // kMessageSlopBytes past what is registered: a message read into it is handed up in place.
+  if (posix_memalign(&p, 4096, cap + kMessageSlopBytes) != 0) {
+    return Error{"out of memory for a large message"};
+  }
   b.mem.reset(static_cast<std::byte*>(p));
   b.mr.reset(
       ibv_reg_mr(pd_.get(), p, cap, IBV_ACCESS_LOCAL_WRITE | (mw_type2_ ? IBV_ACCESS_MW_BIND : 0)));

@@ -70,6 +70,10 @@ class RecordAssembler {
   // Messages over `max_message_bytes` are refused (as the peer's error) from their header alone.
   explicit RecordAssembler(size_t max_message_bytes) : max_message_bytes_(max_message_bytes) {}
 
+  // A reassembled message is followed by this many bytes of padding in its buffer
+  // (transport::kMessageSlopBytes: messages handed up are followed by readable bytes).
+  static constexpr size_t kSlopBytes = 16;
+
   struct Result {
     enum Kind {
       kNeedMore,    // a chunk of a message whose rest is still to come
@@ -143,9 +147,13 @@ class RecordAssembler {
     if (total != partial_total_ || partial_.size() + body.size() > total) {
       return Error("protocol error: inconsistent chunk of a large message");
     }
+    // The last chunk: room for the padding a message handed up is followed by (at most one
+    // reallocation, which the insert would otherwise have made).
+    if (partial_.size() + body.size() == total) partial_.reserve(total + kSlopBytes);
     partial_.insert(partial_.end(), body.begin(), body.end());
     if (partial_.size() < total) return r;
     assembling_ = false;
+    partial_.resize(total + kSlopBytes);
     r.kind = Result::kMessage;
     r.message = std::span<const std::byte>(partial_.data(), total);
     return r;

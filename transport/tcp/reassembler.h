@@ -7,6 +7,10 @@
 // more than max(initial, one whole message of at most max_message) — so capacity() <=
 // max(initial_bytes, kLengthPrefixBytes + max_message) whatever the read boundaries are.
 // Pure logic, no I/O: fuzzed by tools/fuzz (which checks that bound too).
+//
+// Each allocation has kSlopBytes more than its capacity, never written, so that every message
+// handed out is followed by that many readable bytes (transport::kMessageSlopBytes: the next
+// message's, or those).
 #pragma once
 
 #include <endian.h>
@@ -30,7 +34,7 @@ class StreamReassembler {
   StreamReassembler(size_t initial_bytes, size_t max_message)
       : initial_(std::max<size_t>(initial_bytes, kLengthPrefixBytes)),
         max_message_(max_message),
-        buf_(std::make_unique_for_overwrite<std::byte[]>(initial_)),
+        buf_(std::make_unique_for_overwrite<std::byte[]>(initial_ + kSlopBytes)),
         cap_(initial_) {}
 
   // Where the next read may put bytes (never empty). Call only after Next said kNeedMore (or
@@ -88,6 +92,7 @@ class StreamReassembler {
   }
 
   static constexpr int kQuietSettles = 8;
+  static constexpr size_t kSlopBytes = 16;
 
   size_t buffered() const { return end_ - begin_; }
   size_t capacity() const { return cap_; }
@@ -113,7 +118,7 @@ class StreamReassembler {
   // Moves the buffered bytes to the front of a new buffer of `bytes` (left uninitialised: reads
   // overwrite it, so zeroing it would be wasted work).
   void Reallocate(size_t bytes) {
-    auto next = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    auto next = std::make_unique_for_overwrite<std::byte[]>(bytes + kSlopBytes);
     const size_t n = end_ - begin_;
     if (n) std::memcpy(next.get(), buf_.get() + begin_, n);
     buf_ = std::move(next);

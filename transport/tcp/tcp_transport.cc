@@ -44,6 +44,7 @@ using asio::ip::tcp;
 namespace {
 
 constexpr size_t kInitialReadBufferBytes = 64 * 1024;
+static_assert(StreamReassembler::kSlopBytes >= kMessageSlopBytes);
 // Buffers that grew for a large message shrink back once idle, so idle connections stay small.
 constexpr size_t kShrinkAboveBytes = 1 << 20;
 // Messages at least this large leave through SendGathered: their large fields go from the
