@@ -309,7 +309,9 @@ TEST_CASE("a payload parses in place exactly as ParseFromArray, whatever follows
   };
   CHECK_FALSE(internal::ParsePayload(whole, span(padded, wire.size())));
   option->mutable_name(1)->set_is_extension(false);
-  const std::string complete = rich.SerializePartialAsString() + std::string(16, '\0');
-  REQUIRE(internal::ParsePayload(whole, span(complete, complete.size() - 16)));
+  const std::string complete =
+      rich.SerializePartialAsString() + std::string(transport::kMessageSlopBytes, '\0');
+  REQUIRE(internal::ParsePayload(whole,
+                                 span(complete, complete.size() - transport::kMessageSlopBytes)));
   CHECK(whole.SerializePartialAsString() == rich.SerializePartialAsString());
 }

@@ -42,13 +42,15 @@ inline bool ParsePayload(google::protobuf::MessageLite& message,
   if (payload.size() > static_cast<size_t>(INT_MAX) - transport::kMessageSlopBytes) return false;
   const int size = static_cast<int>(payload.size());
 #ifdef RDMARPC_PARSE_IN_PLACE
-  static_assert(transport::kMessageSlopBytes >= 16, "protobuf reads up to 16 bytes ahead");
+  // How far protobuf reads ahead: the bytes after the payload it is given.
+  constexpr int kAhead = google::protobuf::internal::EpsCopyInputStream::kSlopBytes;
+  static_assert(transport::kMessageSlopBytes >= kAhead, "the transport leaves too few bytes");
   message.Clear();
   const char* ptr = nullptr;
   const auto* data = reinterpret_cast<const char*>(payload.data());
   google::protobuf::internal::ParseContext ctx(
       google::protobuf::io::CodedInputStream::GetDefaultRecursionLimit(), /*aliasing=*/false, &ptr,
-      google::protobuf::stringpiece_internal::StringPiece(data, size + 16));
+      google::protobuf::stringpiece_internal::StringPiece(data, size + kAhead));
   // The limit at the payload's end; its return value restores an outer limit, and there is none.
   (void)ctx.PushLimit(ptr, size);
   ptr = message._InternalParse(ptr, &ctx);
