@@ -10,7 +10,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <deque>
 #include <future>
 #include <optional>
 #include <thread>
@@ -353,23 +352,23 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (!IsStream(index, generation)) co_return false;
     Slot& s = calls_[index];
     for (;;) {
-      if (!s.messages.empty()) {
-        std::string m = std::move(s.messages.front());
-        s.messages.pop_front();
-        TookStreamMessage(index, m.size());
-        if (!out.ParseFromString(m)) {
-          StopStream(index, Status(StatusCode::kInternal,
-                                   "stream message does not parse as " + out.GetTypeName()));
-          co_return false;
-        }
-        co_return true;
-      }
+      if (!s.messages.empty()) co_return TakeStreamMessage(index, out);
       if (s.done) co_return false;
       co_await Suspend(index, s.stream_deadline);
       if (!s.messages.empty() || s.done) continue;
       StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
       co_return false;
     }
+  }
+
+  // ReadStream's first step without a coroutine of its own (see StreamTry), for a reader on the
+  // channel's thread (others go through ReadStream, which hops there).
+  StreamTry TryReadStream(uint32_t index, uint32_t generation, google::protobuf::MessageLite& out) {
+    if (!io_executor_ || !io_executor_->running_in_this_thread()) return StreamTry::kWait;
+    if (!IsStream(index, generation)) return StreamTry::kOver;
+    Slot& s = calls_[index];
+    if (s.messages.empty()) return s.done ? StreamTry::kOver : StreamTry::kWait;
+    return TakeStreamMessage(index, out) ? StreamTry::kGot : StreamTry::kOver;
   }
 
   // Sends `message` on client stream `index` once its window has room: true, or false when the
@@ -441,8 +440,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     HalfCloseStream(index, generation);
     while (!s.done) {
       while (!s.messages.empty()) {
-        TookStreamMessage(index, s.messages.front().size());
-        s.messages.pop_front();
+        TookStreamMessage(index, s.messages.FrontSize());
+        s.messages.Pop();
       }
       if (s.done) break;
       co_await Suspend(index, s.stream_deadline);
@@ -469,7 +468,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     Slot& s = calls_[index];
     StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
     StreamEnded(index, s.status);  // dropped without Finish: how it ended, or CANCELLED
-    s.messages.clear();
+    s.messages.Clear();
     s.buffered = 0;
     if (s.server_done) {
       FreeSlot(index);
@@ -687,7 +686,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     const MethodInfo* method = nullptr;
     Clock::time_point stream_deadline = Clock::time_point::max();
     std::chrono::nanoseconds timeout{0};
-    std::deque<std::string> messages;
+    StreamQueue messages;
     uint64_t buffered = 0;
     uint64_t unreported = 0;
     // Client streams: the writer suspended for window (beside the reader in `resume`), the
@@ -938,7 +937,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void FreeSlot(uint32_t index) {
     Slot& s = calls_[index];
     // What a finished unary call leaves behind is nothing of these; the clean-up of the rest
-    // is out of line, so that the common path saves and restores fewer registers. (A deque's
+    // is out of line, so that the common path saves and restores fewer registers. (A stream queue's
     // clear costs even when empty, hence the test before it.)
     if (s.queued || !s.status.ok() || !s.status.message().empty() || !s.messages.empty()) {
       ClearSlotLeftovers(s);
@@ -961,7 +960,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   [[gnu::noinline]] void ClearSlotLeftovers(Slot& s) {
     if (s.queued) waiting_.Remove(&s);
     s.status = Status();
-    s.messages.clear();
+    s.messages.Clear();
   }
 
   // The slot of a call the server may still answer: `call_id` (generation << 32 | index) names
@@ -1063,7 +1062,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       LoseConnection("server sent past a stream's flow-control window");
       return;
     }
-    s.messages.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+    s.messages.Push(f.payload);
     s.buffered += kFrameHeaderBytes + f.payload.size();
     Resume(s);
   }
@@ -1095,6 +1094,35 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   bool IsStream(uint32_t index, uint32_t generation) const {
     const Slot* s = calls_.Find(index, generation);
     return s && s->streaming && !s->abandoned;
+  }
+
+  // The oldest buffered message of stream `index` into `out`; false when it does not parse:
+  // the stream is over then, with INTERNAL, and the messages after it are dropped.
+  bool TakeStreamMessage(uint32_t index, google::protobuf::MessageLite& out) {
+    Slot& s = calls_[index];
+    const size_t bytes = s.messages.FrontSize();
+    const bool parsed = s.messages.PopInto(out);
+    TookStreamMessage(index, bytes);
+    if (parsed) [[likely]]
+      return true;
+    StreamMessageUnparsed(index, out);
+    return false;
+  }
+  [[gnu::noinline]] void StreamMessageUnparsed(uint32_t index,
+                                               const google::protobuf::MessageLite& out) {
+    Slot& s = calls_[index];
+    Status why(StatusCode::kInternal, "stream message does not parse as " + out.GetTypeName());
+    if (s.done) {
+      // The server's end had come already (its status is behind the message in the stream):
+      // the caller still lost a message, which the status must say.
+      s.status = std::move(why);
+    } else {
+      StopStream(index, std::move(why));
+    }
+    while (!s.messages.empty()) {  // no WINDOW for them: the stream is done
+      TookStreamMessage(index, s.messages.FrontSize());
+      s.messages.Pop();
+    }
   }
 
   // The reader took a message of `payload_bytes`: once half a window has been read, tell the
@@ -1394,6 +1422,10 @@ asio::awaitable<internal::StreamRef> Channel::OpenStreamWith(
 }
 
 namespace internal {
+
+StreamTry TryReadStream(const StreamRef& ref, google::protobuf::MessageLite& out) {
+  return ref.core->TryReadStream(ref.index, ref.generation, out);
+}
 
 asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::MessageLite& out) {
   auto current = co_await asio::this_coro::executor;

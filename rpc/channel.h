@@ -71,6 +71,9 @@ struct StreamRef {
   Status error;
 };
 boost::asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::MessageLite& out);
+// ReadStream without waiting or hopping threads (kWait: off the channel's thread, or nothing
+// received yet; ReadStream then). `ref.core` must be set.
+StreamTry TryReadStream(const StreamRef& ref, google::protobuf::MessageLite& out);
 boost::asio::awaitable<bool> WriteStream(const StreamRef& ref,
                                          const google::protobuf::MessageLite& message);
 boost::asio::awaitable<bool> HalfCloseStream(const StreamRef& ref);

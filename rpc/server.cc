@@ -601,7 +601,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       return;
     }
     if (hook->context->cancelled()) return;  // nobody will read it
-    in->messages.emplace_back(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+    in->messages.Push(f.payload);
     const size_t cost = kFrameHeaderBytes + f.payload.size();
     in->buffered += cost;
     held_bytes_ += cost;
@@ -738,30 +738,37 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
 }
 
 asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
-  StreamInbox& in = *call_.hook().inbox;
   for (;;) {
-    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
-    if (!in.messages.empty()) break;
-    if (in.ended) co_return false;
+    const StreamTry got = TryRead(out);
+    if (got != StreamTry::kWait) co_return got == StreamTry::kGot;
     // Nothing yet: wait for the caller's next message, its half-close, or the call's end.
+    StreamInbox& in = *call_.hook().inbox;
     co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
         [&in](auto handler) {
           asio::any_completion_handler<void()>(std::move(handler)).swap(in.reader);
         },
         asio::use_awaitable);
   }
-  std::string message = std::move(in.messages.front());
-  in.messages.pop_front();
-  const size_t cost = kFrameHeaderBytes + message.size();
+}
+
+StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
+  StreamInbox& in = *call_.hook().inbox;
+  if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) {
+    return StreamTry::kOver;
+  }
+  if (in.messages.empty()) return in.ended ? StreamTry::kOver : StreamTry::kWait;
+  const size_t bytes = in.messages.FrontSize();
+  const bool parsed = in.messages.PopInto(out);
+  const size_t cost = kFrameHeaderBytes + bytes;
   in.buffered -= cost;
   call_.sink()->StreamMessageTaken(call_.call_id(), in, cost);
-  ContextAccess::CountReceived(call_.context(), message.size());
-  if (!out.ParseFromString(message)) {
+  ContextAccess::CountReceived(call_.context(), bytes);
+  if (!parsed) {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());
-    co_return false;
+    return StreamTry::kOver;
   }
-  co_return true;
+  return StreamTry::kGot;
 }
 
 }  // namespace internal

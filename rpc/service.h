@@ -77,6 +77,10 @@ class ServerReader {
   // INVALID_ARGUMENT, whatever the handler returns). The caller sends at most kStreamWindowBytes
   // ahead of what Read has taken: a handler that reads slowly holds the caller back.
   boost::asio::awaitable<std::optional<Req>> Read() { return stream_.ReadAs<Req>(); }
+  // The same into `out`, which a loop can reuse: its fields keep their memory from message to
+  // message (a new Req per message allocates its strings anew). True for a message, false
+  // where Read() returns nullopt (then `out` is unspecified).
+  boost::asio::awaitable<bool> Read(Req& out) { return stream_.Read(out); }
 
   const Status& error() const { return stream_.error(); }
 
@@ -96,6 +100,7 @@ class ServerReaderWriter {
 
   // As ServerReader::Read.
   boost::asio::awaitable<std::optional<Req>> Read() { return stream_.ReadAs<Req>(); }
+  boost::asio::awaitable<bool> Read(Req& out) { return stream_.Read(out); }
   // As ServerWriter::Write. Writing after the caller half-closed is fine: half-close ends only
   // the caller's direction.
   boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }

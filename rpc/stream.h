@@ -67,15 +67,26 @@ class ClientStreamBase {
   }
 
  protected:
+  // One coroutine frame per Read when a message is already there: the synchronous first try
+  // (TryReadStream) takes it; only a Read that must wait, or hop to the channel's thread, goes
+  // through ReadStream's own coroutine.
   boost::asio::awaitable<bool> ReadMessage(google::protobuf::MessageLite& out) {
     if (!ref_.core) co_return false;
+    const StreamTry got = TryReadStream(ref_, out);
+    if (got != StreamTry::kWait) co_return got == StreamTry::kGot;
     co_return co_await ReadStream(ref_, out);
   }
   template <class Resp>
   boost::asio::awaitable<std::optional<Resp>> ReadAs() {
-    Resp message;
-    if (co_await ReadMessage(message)) co_return std::optional<Resp>(std::move(message));
-    co_return std::nullopt;
+    std::optional<Resp> message;
+    if (!ref_.core) co_return message;
+    message.emplace();
+    StreamTry got = TryReadStream(ref_, *message);
+    if (got == StreamTry::kWait) {
+      got = co_await ReadStream(ref_, *message) ? StreamTry::kGot : StreamTry::kOver;
+    }
+    if (got != StreamTry::kGot) message.reset();
+    co_return std::move(message);
   }
   boost::asio::awaitable<bool> WriteMessage(const google::protobuf::MessageLite& message) {
     if (!ref_.core) co_return false;
@@ -112,6 +123,10 @@ class ClientReader : public internal::ClientStreamBase {
 
   // The next message, or nullopt once the stream is over (then Finish says how it ended).
   boost::asio::awaitable<std::optional<Resp>> Read() { return ReadAs<Resp>(); }
+  // The same into `out`, which a loop can reuse: its fields keep their memory from message to
+  // message (a new Resp per message allocates its strings anew). True for a message, false
+  // where Read() returns nullopt (then `out` is unspecified). `out` must outlive the co_await.
+  boost::asio::awaitable<bool> Read(Resp& out) { return ReadMessage(out); }
 
   // How the stream ended: OK, the server handler's error, or the transport's (UNAVAILABLE),
   // DEADLINE_EXCEEDED, CANCELLED. Waits for the end of the stream, dropping unread messages.
@@ -156,8 +171,9 @@ class ClientReaderWriter : public internal::ClientStreamBase {
   ClientReaderWriter() = default;
   ClientReaderWriter(ClientReaderWriter&&) noexcept = default;
 
-  // As ClientReader::Read.
+  // As ClientReader::Read (both forms).
   boost::asio::awaitable<std::optional<Resp>> Read() { return ReadAs<Resp>(); }
+  boost::asio::awaitable<bool> Read(Resp& out) { return ReadMessage(out); }
   // As ClientWriter::Write.
   boost::asio::awaitable<bool> Write(const Req& message) { return WriteMessage(message); }
   // Half-close: the server's Read ends; the server may go on writing.
@@ -193,6 +209,7 @@ class BlockingReader {
   BlockingReader(std::shared_ptr<Channel> channel, ClientReader<Resp> reader)
       : channel_(std::move(channel)), reader_(std::move(reader)) {}
   std::optional<Resp> Read() { return channel_->Run(reader_.Read()); }
+  bool Read(Resp& out) { return channel_->Run(reader_.Read(out)); }
   Status Finish() { return channel_->Run(reader_.Finish()); }
   void Cancel() { reader_.Cancel(); }
 
@@ -223,6 +240,7 @@ class BlockingReaderWriter {
   BlockingReaderWriter(std::shared_ptr<Channel> channel, ClientReaderWriter<Req, Resp> stream)
       : channel_(std::move(channel)), stream_(std::move(stream)) {}
   std::optional<Resp> Read() { return channel_->Run(stream_.Read()); }
+  bool Read(Resp& out) { return channel_->Run(stream_.Read(out)); }
   bool Write(const Req& message) { return channel_->Run(stream_.Write(message)); }
   bool WritesDone() { return channel_->Run(stream_.WritesDone()); }
   Status Finish() { return channel_->Run(stream_.Finish()); }

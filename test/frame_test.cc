@@ -9,6 +9,7 @@
 
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/parse.h"
+#include "rpc/internal/stream_queue.h"
 #include "test/protos/test_service.pb.h"
 #include "transport/uri.h"
 
@@ -314,4 +315,56 @@ TEST_CASE("a payload parses in place exactly as ParseFromArray, whatever follows
   REQUIRE(internal::ParsePayload(whole,
                                  span(complete, complete.size() - transport::kMessageSlopBytes)));
   CHECK(whole.SerializePartialAsString() == rich.SerializePartialAsString());
+}
+
+TEST_CASE("a stream queue gives back each message intact, in order, whatever buffer it reused",
+          "[codec][stream]") {
+  using rdmarpc::testing::EchoRequest;
+  internal::StreamQueue q;
+  auto bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  // Sizes that shrink and grow around the pool's buffers; several rounds, so that later
+  // messages land in buffers earlier ones left (larger and smaller, with stale bytes in them).
+  const std::vector<size_t> sizes = {0, 5, 3000, 100, 70'000, 1, 64, 300'000, 15, 16, 17};
+  uint64_t seq = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t burst : {1, 4, 11}) {
+      std::vector<std::string> sent;
+      for (size_t i = 0; i < burst; ++i) {
+        EchoRequest m;
+        m.set_seq(seq++);
+        m.set_payload(
+            std::string(sizes[(seq * 7) % sizes.size()], static_cast<char>('a' + seq % 26)));
+        sent.push_back(m.SerializeAsString());
+        q.Push(bytes(sent.back()));
+      }
+      CHECK(q.size() == burst);
+      for (const std::string& s : sent) {
+        REQUIRE_FALSE(q.empty());
+        CHECK(q.FrontSize() == s.size());
+        EchoRequest got, want;
+        REQUIRE(want.ParseFromString(s));
+        REQUIRE(q.PopInto(got));
+        CHECK(got.seq() == want.seq());
+        CHECK(got.payload() == want.payload());
+      }
+      CHECK(q.empty());
+    }
+  }
+  // One that does not parse is dropped, and the next is unharmed.
+  q.Push(bytes(std::string("\xff\xff\xff", 3)));
+  EchoRequest ok;
+  ok.set_seq(7);
+  const std::string good = ok.SerializeAsString();
+  q.Push(bytes(good));
+  EchoRequest got;
+  CHECK_FALSE(q.PopInto(got));
+  CHECK(q.size() == 1);
+  REQUIRE(q.PopInto(got));
+  CHECK(got.seq() == 7);
+  // Dropped unread.
+  q.Push(bytes(good));
+  q.Pop();
+  CHECK(q.empty());
 }

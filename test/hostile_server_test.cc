@@ -317,6 +317,55 @@ TEST_CASE("a server stream sent past its window costs the server the connection,
   ServedAfterwards(stub, "after");
 }
 
+TEST_CASE(
+    "a server stream message that does not parse ends that stream with INTERNAL, after "
+    "the messages before it",
+    "[hostile-server][stream]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (r.header.flags & kRequestFlagServerStream) {
+      FrameHeader h;
+      h.type = FrameType::kStreamMessage;
+      h.call_id = r.header.call_id;
+      CountReply m;
+      for (uint64_t i = 0; i < 3; ++i) {
+        m.set_seq(i);
+        m.set_payload(std::string(100, 'p'));
+        SendFrame(conn, h, m.SerializeAsString());
+      }
+      SendFrame(conn, h, std::string("\xff\xff\xff\xff", 4));  // a tag cut short
+      m.set_seq(3);
+      SendFrame(conn, h, m.SerializeAsString());
+      SendFrame(conn, ResponseTo(r), "");
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  for (bool reuse : {false, true}) {
+    INFO((reuse ? "Read(out)" : "Read()"));
+    auto call = stub.Count(CountRequest(), {.timeout = 10s});
+    uint64_t got = 0;
+    CountReply m;
+    while (reuse ? call.Read(m) : [&] {
+      auto r = call.Read();
+      if (r) m = *r;
+      return r.has_value();
+    }()) {
+      CHECK(m.seq() == got);
+      ++got;
+    }
+    CHECK(got == 3);  // those before the bad one, and nothing after it
+    CHECK_FALSE((reuse ? call.Read(m) : call.Read().has_value()));
+    const Status s = call.Finish();
+    CHECK(s.code() == StatusCode::kInternal);
+    CHECK_THAT(s.message(), Catch::Contains("does not parse as rdmarpc.testing.CountReply"));
+  }
+  ServedAfterwards(stub, "after");
+  CHECK(server.accepted() == 1);  // the connection was not at fault
+}
+
 TEST_CASE("a reply over the client's message limit drops that connection; the call says so",
           "[hostile-server][limits]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

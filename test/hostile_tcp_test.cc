@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "proto/echo.rdmarpc.pb.h"
@@ -230,11 +231,13 @@ bool SendAll(int fd, const std::string& bytes) {
   return true;
 }
 
-// Reads what the server sends until it closes the connection (or `within` passes) and returns
-// the message of the GOAWAY among it ("" if none came).
-std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
+// Reads what the server sends (its handshake answer, then length-prefixed frames) until it
+// closes the connection, `within` passes, or `enough` returns true for a frame (called for each).
+void ReadFrames(int fd, std::chrono::milliseconds within,
+                const std::function<bool(const DecodedFrame&)>& enough) {
   const auto until = std::chrono::steady_clock::now() + within;
-  std::string in, goaway;
+  std::string in;
+  size_t at = transport::kAnswerBytes;
   char buf[65536];
   while (std::chrono::steady_clock::now() < until) {
     ssize_t n = recv(fd, buf, sizeof buf, 0);
@@ -245,8 +248,6 @@ std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
       continue;
     }
     in.append(buf, n);
-    // First the server's handshake answer, then length-prefixed frames.
-    size_t at = transport::kAnswerBytes;
     while (in.size() >= at + 4) {
       uint32_t len;
       std::memcpy(&len, in.data() + at, 4);
@@ -254,12 +255,24 @@ std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
       if (in.size() < at + 4 + len) break;
       DecodedFrame f;
       auto frame = std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len);
-      if (DecodeFrame(frame, &f).empty() && f.header.type == FrameType::kGoAway) {
-        goaway.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-      }
+      if (DecodeFrame(frame, &f).empty() && enough(f)) return;
       at += 4 + len;
     }
   }
+}
+
+std::string PayloadOf(const DecodedFrame& f) {
+  return std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+}
+
+// Reads what the server sends until it closes the connection (or `within` passes) and returns
+// the message of the GOAWAY among it ("" if none came).
+std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
+  std::string goaway;
+  ReadFrames(fd, within, [&](const DecodedFrame& f) {
+    if (f.header.type == FrameType::kGoAway) goaway = PayloadOf(f);
+    return false;
+  });
   return goaway;
 }
 
@@ -496,6 +509,53 @@ TEST_CASE(
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
   CHECK(TestService::BlockingStub(*ch).Echo(EchoRequest(), {.timeout = 5s}).ok());
+}
+
+TEST_CASE(
+    "a client stream message that does not parse ends that call with INVALID_ARGUMENT; the "
+    "connection serves on",
+    "[hostile][tcp][stream]") {
+  TestServer ts("tcp://127.0.0.1:0");
+  const uint32_t upload = MethodId("/rdmarpc.testing.TestService/Upload");
+  const uint32_t echo = MethodId("/rdmarpc.testing.TestService/Echo");
+  auto numbered = [](uint64_t seq) {
+    EchoRequest m;
+    m.set_seq(seq);
+    return m.SerializeAsString();
+  };
+  FrameHeader call;
+  call.type = FrameType::kRequest;
+  call.method_id = echo;
+  call.call_id = 3;
+  EchoRequest hello;
+  hello.set_payload("hello");
+  // Two good messages, one whose first tag is cut short, one more, the half-close; then a unary
+  // call on the same connection.
+  const std::string bytes = OpenStream(1, upload, kRequestFlagClientStream) +
+                            StreamMessage(1, numbered(0)) + StreamMessage(1, numbered(1)) +
+                            StreamMessage(1, std::string("\xff\xff\xff\xff", 4)) +
+                            StreamMessage(1, numbered(2)) + StreamMessage(1, "", kStreamFlagEnd) +
+                            FrameBytes(call, hello.SerializeAsString());
+  int fd = RawClient(PortOf(ts.uri));
+  REQUIRE(SendAll(fd, bytes));
+  std::optional<std::pair<StatusCode, std::string>> upload_end, echo_end;
+  ReadFrames(fd, 10000ms, [&](const DecodedFrame& f) {
+    if (f.header.type == FrameType::kResponse) {
+      auto& end = f.header.call_id == 1 ? upload_end : echo_end;
+      end.emplace(static_cast<StatusCode>(f.header.status), PayloadOf(f));
+    }
+    return upload_end && echo_end;
+  });
+  close(fd);
+  REQUIRE(upload_end);
+  CHECK(upload_end->first == StatusCode::kInvalidArgument);
+  CHECK_THAT(upload_end->second, Catch::Contains("does not parse as rdmarpc.testing.EchoRequest"));
+  REQUIRE(echo_end);
+  CHECK(echo_end->first == StatusCode::kOk);
+  EchoReply reply;
+  CHECK(reply.ParseFromString(echo_end->second));
+  CHECK(reply.payload() == "hello");
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 10000ms));
 }
 
 TEST_CASE(

@@ -93,6 +93,67 @@ TEST_CASE("a stream's payloads arrive intact, 16 MiB messages included", "[strea
   }
 }
 
+TEST_CASE("Read into a reused message: each message intact whatever came before it", "[stream]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  // Sizes that shrink and grow, so that a message lands in a buffer (ours, and the stream's
+  // reused ones) that held a larger or smaller one before.
+  const std::vector<uint32_t> sizes = {100, 0, 70'000, 5, 3'000, 0, 100};
+  const uint64_t n = 40;  // messages per stream
+  SECTION("blocking") {
+    auto ch = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(ch.ok());
+    TestService::BlockingStub stub(*ch);
+    CountReply m;  // one message for every stream
+    for (uint32_t size : sizes) {
+      INFO("payload " << size);
+      auto call = stub.Count(Count(n, size));
+      uint64_t got = 0;
+      while (call.Read(m)) {
+        CHECK(m.seq() == got);
+        CHECK(m.payload() == Pattern(size, got));
+        ++got;
+      }
+      CHECK(got == n);
+      CHECK(call.Finish().ok());
+    }
+  }
+  SECTION("a coroutine on the channel's thread, and on another") {
+    EventLoopThread loop;
+    for (bool own_thread : {false, true}) {
+      INFO((own_thread ? "channel on a thread of its own" : "channel on the reader's loop"));
+      const std::string problems = RunOnLoop(loop, [&]() -> asio::awaitable<std::string> {
+        std::shared_ptr<Channel> ch;
+        if (own_thread) {
+          auto c = Channel::ConnectBlocking(ts.uri);
+          if (!c.ok()) co_return c.status().ToString();
+          ch = *c;
+        } else {
+          ch = co_await MustConnect(ts.uri);
+        }
+        TestService::Stub stub(ch);
+        CountReply m;
+        std::string p;
+        for (uint32_t size : sizes) {
+          auto call = co_await stub.Count(Count(n, size));
+          uint64_t got = 0;
+          while (co_await call.Read(m)) {
+            if (m.seq() != got || m.payload() != Pattern(size, got)) {
+              p += " size " + std::to_string(size) + " message " + std::to_string(got);
+            }
+            ++got;
+          }
+          if (got != n) p += " size " + std::to_string(size) + ": got " + std::to_string(got);
+          if (Status s = co_await call.Finish(); !s.ok()) p += " " + s.ToString();
+        }
+        co_return p;
+      }());
+      CHECK(problems == "");
+    }
+  }
+}
+
 TEST_CASE("a handler's error ends the stream after its messages", "[stream]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);

@@ -202,8 +202,10 @@ class TestServiceImpl final : public TestService::Service {
     Running running(client_streams_running);
     const StreamMode mode = ModeOf(ctx);
     if (mode.stall) co_return co_await StallUntilCancelled(ctx);
-    while (auto m = co_await reader.Read()) {
-      Tally(*m, summary);
+    // Read into one reused message (Chat below reads the other form, a new message each).
+    EchoRequest m;
+    while (co_await reader.Read(m)) {
+      Tally(m, summary);
       if (summary.count() == mode.stop_after) {
         co_return Status(StatusCode::kFailedPrecondition,
                          "stopped after " + std::to_string(mode.stop_after));

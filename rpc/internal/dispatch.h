@@ -13,7 +13,6 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,6 +23,7 @@
 #include "rpc/interceptor.h"
 #include "rpc/internal/frame.h"  // kStreamWindowBytes
 #include "rpc/internal/parse.h"
+#include "rpc/internal/stream_queue.h"
 #include "rpc/status.h"
 #include "transport/transport.h"
 
@@ -40,7 +40,7 @@ struct ContextAccess {
 // Client streams on the server: the messages the caller sent that the handler has not read yet
 // (at most kStreamWindowBytes of frames, plus one message), and the handler's Read waiting.
 struct StreamInbox {
-  std::deque<std::string> messages;
+  StreamQueue messages;
   uint64_t buffered = 0;    // frame bytes of `messages`
   uint64_t unreported = 0;  // frame bytes read since the last WINDOW sent to the caller
   bool ended = false;       // the caller half-closed: nothing more comes
@@ -222,7 +222,7 @@ class ServerCall {
     if (hook_.inbox) {
       held += hook_.inbox->buffered;
       hook_.inbox->buffered = 0;
-      hook_.inbox->messages.clear();
+      hook_.inbox->messages.Clear();
     }
     // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.
     return sink->FinishCall(call_id_, held, status, reply, !context_.cancelled());
@@ -268,10 +268,14 @@ class ServerStream {
   boost::asio::awaitable<bool> Read(google::protobuf::MessageLite& out);
   template <class Req>
   boost::asio::awaitable<std::optional<Req>> ReadAs() {
-    Req message;
-    if (co_await Read(message)) co_return std::optional<Req>(std::move(message));
+    std::optional<Req> message(std::in_place);
+    StreamTry got = TryRead(*message);
+    if (got == StreamTry::kWait) got = co_await Read(*message) ? StreamTry::kGot : StreamTry::kOver;
+    if (got == StreamTry::kGot) co_return std::move(message);
     co_return std::nullopt;
   }
+  // Read without waiting: a message already received (into `out`), the end, or kWait.
+  StreamTry TryRead(google::protobuf::MessageLite& out);
   // Set when a message could not be sent or read for a reason of its own (too large, does not
   // parse): the call ends with it, whatever the handler returns.
   const Status& error() const { return error_; }
