@@ -368,7 +368,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (!IsStream(index, generation)) return StreamTry::kOver;
     Slot& s = calls_[index];
     if (s.messages.empty()) return s.done ? StreamTry::kOver : StreamTry::kWait;
-    return TakeStreamMessage(index, out) ? StreamTry::kGot : StreamTry::kOver;
+    return TakeStreamMessage(index, out) ? StreamTry::kDone : StreamTry::kOver;
   }
 
   // Sends `message` on client stream `index` once its window has room: true, or false when the
@@ -397,19 +397,38 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       }
       // Woken for the reader's sake: wait again.
     }
+    co_return SendStreamMessage(index, message);
+  }
+
+  // WriteStream's first step without a coroutine of its own (see StreamTry), for a writer on
+  // the channel's thread with window left (others go through WriteStream).
+  StreamTry TryWriteStream(uint32_t index, uint32_t generation,
+                           const google::protobuf::MessageLite& message) {
+    if (!io_executor_ || !io_executor_->running_in_this_thread()) return StreamTry::kWait;
+    if (!IsStream(index, generation)) return StreamTry::kOver;
+    Slot& s = calls_[index];
+    if (s.done || s.writes_done || !conn_ || conn_->closed()) return StreamTry::kOver;
+    if (s.send_credit <= 0) return StreamTry::kWait;
+    return SendStreamMessage(index, message) ? StreamTry::kDone : StreamTry::kOver;
+  }
+
+  // Sends `message` on client stream `index`, which has window left: false when it is over the
+  // message limit (the stream is stopped) or the connection is closing.
+  bool SendStreamMessage(uint32_t index, const google::protobuf::MessageLite& message) {
+    Slot& s = calls_[index];
     FrameHeader h;
     h.type = FrameType::kStreamMessage;
     h.call_id = CallId(index);
     internal::FrameWriter writer(h, nullptr, &message);
-    if (const size_t max = MaxMessageBytes(); writer.size() > max) {
+    if (const size_t max = MaxMessageBytes(); writer.size() > max) [[unlikely]] {
       StopStream(index, Status(StatusCode::kResourceExhausted,
                                "stream message of " + std::to_string(writer.size()) +
                                    " bytes exceeds the message limit of " + std::to_string(max)));
-      co_return false;
+      return false;
     }
-    if (!conn_->Send(writer)) co_return false;  // closing: the stream fails with UNAVAILABLE
+    if (!conn_->Send(writer)) return false;  // closing: the stream fails with UNAVAILABLE
     s.send_credit -= static_cast<int64_t>(writer.size());
-    co_return true;
+    return true;
   }
 
   // Half-closes client stream `index`: the server's Read then ends after the messages sent.
@@ -1433,6 +1452,10 @@ asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::Message
     co_return co_await ref.core->ReadStream(ref.index, ref.generation, out);
   co_return co_await asio::co_spawn(
       ref.executor, ref.core->ReadStream(ref.index, ref.generation, out), asio::use_awaitable);
+}
+
+StreamTry TryWriteStream(const StreamRef& ref, const google::protobuf::MessageLite& m) {
+  return ref.core->TryWriteStream(ref.index, ref.generation, m);
 }
 
 asio::awaitable<bool> WriteStream(const StreamRef& ref, const google::protobuf::MessageLite& m) {

@@ -76,6 +76,9 @@ boost::asio::awaitable<bool> ReadStream(const StreamRef& ref, google::protobuf::
 StreamTry TryReadStream(const StreamRef& ref, google::protobuf::MessageLite& out);
 boost::asio::awaitable<bool> WriteStream(const StreamRef& ref,
                                          const google::protobuf::MessageLite& message);
+// WriteStream without waiting or hopping threads (kWait: off the channel's thread, or out of
+// window; WriteStream then). `ref.core` must be set.
+StreamTry TryWriteStream(const StreamRef& ref, const google::protobuf::MessageLite& message);
 boost::asio::awaitable<bool> HalfCloseStream(const StreamRef& ref);
 // `reply`: filled from the final answer of a client-streaming call when OK; else null.
 boost::asio::awaitable<Status> FinishStream(const StreamRef& ref,

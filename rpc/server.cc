@@ -740,7 +740,7 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
 asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
   for (;;) {
     const StreamTry got = TryRead(out);
-    if (got != StreamTry::kWait) co_return got == StreamTry::kGot;
+    if (got != StreamTry::kWait) co_return got == StreamTry::kDone;
     // Nothing yet: wait for the caller's next message, its half-close, or the call's end.
     StreamInbox& in = *call_.hook().inbox;
     co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
@@ -768,7 +768,7 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
                     "stream message does not parse as " + out.GetTypeName());
     return StreamTry::kOver;
   }
-  return StreamTry::kGot;
+  return StreamTry::kDone;
 }
 
 }  // namespace internal

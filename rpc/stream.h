@@ -67,13 +67,13 @@ class ClientStreamBase {
   }
 
  protected:
-  // One coroutine frame per Read when a message is already there: the synchronous first try
-  // (TryReadStream) takes it; only a Read that must wait, or hop to the channel's thread, goes
-  // through ReadStream's own coroutine.
+  // One coroutine frame per Read when a message is already there, and per Write when the window
+  // has room: the synchronous first try (TryReadStream, TryWriteStream) does it; only one that
+  // must wait, or hop to the channel's thread, goes through the channel's own coroutine.
   boost::asio::awaitable<bool> ReadMessage(google::protobuf::MessageLite& out) {
     if (!ref_.core) co_return false;
     const StreamTry got = TryReadStream(ref_, out);
-    if (got != StreamTry::kWait) co_return got == StreamTry::kGot;
+    if (got != StreamTry::kWait) co_return got == StreamTry::kDone;
     co_return co_await ReadStream(ref_, out);
   }
   template <class Resp>
@@ -83,13 +83,15 @@ class ClientStreamBase {
     message.emplace();
     StreamTry got = TryReadStream(ref_, *message);
     if (got == StreamTry::kWait) {
-      got = co_await ReadStream(ref_, *message) ? StreamTry::kGot : StreamTry::kOver;
+      got = co_await ReadStream(ref_, *message) ? StreamTry::kDone : StreamTry::kOver;
     }
-    if (got != StreamTry::kGot) message.reset();
+    if (got != StreamTry::kDone) message.reset();
     co_return std::move(message);
   }
   boost::asio::awaitable<bool> WriteMessage(const google::protobuf::MessageLite& message) {
     if (!ref_.core) co_return false;
+    const StreamTry sent = TryWriteStream(ref_, message);
+    if (sent != StreamTry::kWait) co_return sent == StreamTry::kDone;
     co_return co_await WriteStream(ref_, message);
   }
   boost::asio::awaitable<bool> HalfClose() {

@@ -410,6 +410,27 @@ TEST_CASE("a client stream delivers every message once, in order, and the reply 
   CHECK(out.summary->out_of_order() == 0);
 }
 
+TEST_CASE("a client stream message over the message limit ends the stream with RESOURCE_EXHAUSTED",
+          "[stream][client]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  ChannelOptions options;
+  options.transport.max_message_bytes = 4096;
+  auto ch = Channel::ConnectBlocking(ts.uri, options);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  auto call = stub.Upload({.timeout = 10s});
+  REQUIRE(call.Write(Numbered(0, 100)));
+  CHECK_FALSE(call.Write(Numbered(1, 8192)));
+  CHECK_FALSE(call.Write(Numbered(2, 100)));  // the stream is over
+  auto summary = call.Finish();
+  CHECK(summary.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(summary.status().message(), Catch::Contains("exceeds the message limit of 4096"));
+  // The channel serves on.
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 5s}).ok());
+}
+
 TEST_CASE("a client stream carries large messages intact, 16 MiB included", "[stream][client]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);

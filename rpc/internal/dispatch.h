@@ -270,8 +270,9 @@ class ServerStream {
   boost::asio::awaitable<std::optional<Req>> ReadAs() {
     std::optional<Req> message(std::in_place);
     StreamTry got = TryRead(*message);
-    if (got == StreamTry::kWait) got = co_await Read(*message) ? StreamTry::kGot : StreamTry::kOver;
-    if (got == StreamTry::kGot) co_return std::move(message);
+    if (got == StreamTry::kWait)
+      got = co_await Read(*message) ? StreamTry::kDone : StreamTry::kOver;
+    if (got == StreamTry::kDone) co_return std::move(message);
     co_return std::nullopt;
   }
   // Read without waiting: a message already received (into `out`), the end, or kWait.

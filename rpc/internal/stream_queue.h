@@ -28,10 +28,12 @@
 
 namespace rdmarpc::internal {
 
-// What a stream Read's synchronous first try found: a message (read into the caller's), the
-// end of the stream, or nothing yet (the Read waits: its coroutine path). A message that is
-// already there costs the reader no coroutine frame beyond its own.
-enum class StreamTry { kGot, kOver, kWait };
+// What the synchronous first try of a stream Read or Write did: took a message (read into the
+// caller's) or sent one, found the stream over, or could do neither yet (a Read with nothing
+// received, a Write out of window, or a caller off the connection's thread: the coroutine path
+// then). A message that is there to read, or window to write into, costs no coroutine frame
+// beyond the caller's own.
+enum class StreamTry { kDone, kOver, kWait };
 
 class StreamQueue {
  public:

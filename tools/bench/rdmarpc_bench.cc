@@ -58,6 +58,7 @@ constexpr char kUsage[] =
     "                     [--no-latency]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
+    "       rdmarpc_bench --target URI --upload [--request-bytes N] [--duration S] [--json]\n"
     "\n"
     "Server: serves rdmarpc.bench.Bench (tools/bench/bench.proto); prints 'listening on URI'.\n"
     "Client: closed loop, C connections x D calls outstanding each; reports calls/s, MB/s\n"
@@ -89,6 +90,8 @@ constexpr char kUsage[] =
     "                       client interceptors), to measure what metrics cost\n"
     "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
     "                       read as fast as they come (messages/s and MB/s)\n"
+    "  --upload             instead of calls: one client stream of --request-bytes messages,\n"
+    "                       written as fast as the server's window lets them go\n"
     "  --connect-timeout-ms MS  give up connecting after MS (default 5000; e.g. more under\n"
     "                       valgrind)\n"
     "  --auth-secret-file F both sides: the shared secret (as the sample servers and clients)\n"
@@ -145,6 +148,14 @@ class BenchService final : public rdmarpc::bench::Bench::Service {
     reply.mutable_payload()->assign(req.response_bytes(), 's');
     for (uint64_t i = 0; req.count() == 0 || i < req.count(); ++i) {
       if (!co_await w.Write(reply)) break;
+    }
+    co_return rdmarpc::Status();
+  }
+  asio::awaitable<rdmarpc::Status> Upload(rdmarpc::ServerContext&,
+                                          rdmarpc::ServerReader<rdmarpc::bench::CallRequest>& r,
+                                          rdmarpc::bench::CallReply&) override {
+    rdmarpc::bench::CallRequest m;  // one message, reused (Read's second form)
+    while (co_await r.Read(m)) {
     }
     co_return rdmarpc::Status();
   }
@@ -357,65 +368,114 @@ std::string Fixed(double v, int digits) {
   return buf;
 }
 
-// --stream: one server stream of --response-bytes messages read as fast as they come; messages/s
-// and MB/s over --duration after --warmup.
-int RunStream(const ClientConfig& cfg) {
+// What a --stream or --upload run measured.
+struct StreamOut {
+  uint64_t messages = 0;
+  double seconds = 0;
+  std::string error;
+};
+
+// Prints a --stream or --upload run's messages/s and MB/s (`upload`: of requests written).
+int ReportStream(const ClientConfig& cfg, const StreamOut& o, bool upload) {
+  const long bytes = upload ? cfg.request_bytes : cfg.response_bytes;
+  const double per_s = o.seconds > 0 ? o.messages / o.seconds : 0;
+  const double mbps = per_s * double(bytes) / 1e6;
+  if (cfg.json) {
+    std::cout << "{\"target\":\"" << JsonText(cfg.target) << "\","
+              << (upload ? "\"upload\":true,\"request_bytes\":"
+                         : "\"stream\":true,\"response_bytes\":")
+              << bytes << ",\"seconds\":" << Fixed(o.seconds, 3) << ",\"messages\":" << o.messages
+              << ",\"messages_per_s\":" << Fixed(per_s, 0) << ",\"mb_per_s\":" << Fixed(mbps, 1)
+              << ",\"error\":\"" << JsonText(o.error) << "\"}" << std::endl;
+  } else {
+    std::printf("%s %s of %ld-byte messages: %llu in %.3f s, %.0f messages/s, %.1f MB/s%s%s\n",
+                cfg.target.c_str(), upload ? "upload" : "stream", bytes,
+                static_cast<unsigned long long>(o.messages), o.seconds, per_s, mbps,
+                o.error.empty() ? "" : "; error: ", o.error.c_str());
+  }
+  return o.error.empty() && o.messages > 0 ? 0 : 1;
+}
+
+// Runs `body` (given the stub) on a loop of this thread once connected; its result or the
+// connection's error.
+template <class Body>
+StreamOut RunStreamBody(const ClientConfig& cfg, Body body) {
   asio::io_context ioc{rdmarpc::kLoopConcurrencyHint};
-  struct Out {
-    uint64_t messages = 0;
-    double seconds = 0;
-    std::string error;
-  };
   auto f = asio::co_spawn(
       ioc,
-      [&]() -> asio::awaitable<Out> {
-        Out o;
+      [&]() -> asio::awaitable<StreamOut> {
         auto ch = co_await rdmarpc::Channel::Connect(cfg.target, cfg.options);
         if (!ch.ok()) {
+          StreamOut o;
           o.error = ch.status().ToString();
           co_return o;
         }
         rdmarpc::bench::Bench::Stub stub(*ch);
+        co_return co_await body(stub);
+      },
+      asio::use_future);
+  ioc.run();
+  return f.get();
+}
+
+Clock::time_point SecondsFromNow(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// --stream: one server stream of --response-bytes messages read as fast as they come; messages/s
+// and MB/s over --duration after --warmup.
+int RunStream(const ClientConfig& cfg) {
+  StreamOut o =
+      RunStreamBody(cfg, [&](rdmarpc::bench::Bench::Stub& stub) -> asio::awaitable<StreamOut> {
+        StreamOut out;
         rdmarpc::bench::StreamRequest req;
         req.set_response_bytes(static_cast<uint32_t>(cfg.response_bytes));
         auto call = co_await stub.Stream(req);
-        using Clock = std::chrono::steady_clock;
-        const auto warm_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(cfg.warmup_s));
+        const auto warm_end = SecondsFromNow(cfg.warmup_s);
         while (Clock::now() < warm_end) {
           if (!co_await call.Read()) break;
         }
         const auto start = Clock::now();
-        const auto end = start + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(cfg.duration_s));
+        const auto end = SecondsFromNow(cfg.duration_s);
         while (Clock::now() < end) {
           if (!co_await call.Read()) {
-            o.error = (co_await call.Finish()).ToString();
+            out.error = (co_await call.Finish()).ToString();
             break;
           }
-          ++o.messages;
+          ++out.messages;
         }
-        o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
         call.Cancel();
-        co_return o;
-      },
-      asio::use_future);
-  ioc.run();
-  Out o = f.get();
-  const double per_s = o.seconds > 0 ? o.messages / o.seconds : 0;
-  const double mbps = per_s * double(cfg.response_bytes) / 1e6;
-  if (cfg.json) {
-    std::cout << "{\"target\":\"" << JsonText(cfg.target)
-              << "\",\"stream\":true,\"response_bytes\":" << cfg.response_bytes
-              << ",\"seconds\":" << Fixed(o.seconds, 3) << ",\"messages\":" << o.messages
-              << ",\"messages_per_s\":" << Fixed(per_s, 0) << ",\"mb_per_s\":" << Fixed(mbps, 1)
-              << ",\"error\":\"" << JsonText(o.error) << "\"}" << std::endl;
-  } else {
-    std::printf("%s stream of %ld-byte messages: %llu in %.3f s, %.0f messages/s, %.1f MB/s%s%s\n",
-                cfg.target.c_str(), cfg.response_bytes, static_cast<unsigned long long>(o.messages),
-                o.seconds, per_s, mbps, o.error.empty() ? "" : "; error: ", o.error.c_str());
-  }
-  return o.error.empty() && o.messages > 0 ? 0 : 1;
+        co_return out;
+      });
+  return ReportStream(cfg, o, /*upload=*/false);
+}
+
+// --upload: one client stream of --request-bytes messages written as fast as the server's
+// window lets them go; messages/s and MB/s over --duration after --warmup.
+int RunUpload(const ClientConfig& cfg) {
+  StreamOut o =
+      RunStreamBody(cfg, [&](rdmarpc::bench::Bench::Stub& stub) -> asio::awaitable<StreamOut> {
+        StreamOut out;
+        rdmarpc::bench::CallRequest req;
+        req.mutable_payload()->assign(cfg.request_bytes, 'u');
+        auto call = co_await stub.Upload();
+        const auto warm_end = SecondsFromNow(cfg.warmup_s);
+        bool open = true;
+        while (open && Clock::now() < warm_end) open = co_await call.Write(req);
+        const auto start = Clock::now();
+        const auto end = SecondsFromNow(cfg.duration_s);
+        while (open && Clock::now() < end) {
+          open = co_await call.Write(req);
+          if (open) ++out.messages;
+        }
+        out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        auto done = co_await call.Finish();
+        if (!done.ok()) out.error = done.status().ToString();
+        co_return out;
+      });
+  return ReportStream(cfg, o, /*upload=*/true);
 }
 
 int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
@@ -616,27 +676,18 @@ int RunClient(const ClientConfig& cfg) {
 int main(int argc, char** argv) {
   // Both sides: one descriptor per connection (its CM event channel), thousands of connections.
   rdmarpc::cmdline::RaiseFileLimit();
-  rdmarpc::cmdline::Flags flags(
-      argc, argv,
-      rdmarpc::cmdline::WithServerHarnessFlags({{"server", false},
-                                                {"target", true},
-                                                {"connections", true},
-                                                {"depth", true},
-                                                {"request-bytes", true},
-                                                {"response-bytes", true},
-                                                {"duration", true},
-                                                {"calls", true},
-                                                {"warmup", true},
-                                                {"connect-timeout-ms", true},
-                                                {"idle-connections", true},
-                                                {"hold", true},
-                                                {"connect-window", true},
-                                                {"json", false},
-                                                {"quiet", false},
-                                                {"verify", false},
-                                                {"stream", false},
-                                                {"metrics", false},
-                                                {"no-latency", false}}));
+  rdmarpc::cmdline::Flags flags(argc, argv,
+                                rdmarpc::cmdline::WithServerHarnessFlags(
+                                    {{"server", false},          {"target", true},
+                                     {"connections", true},      {"depth", true},
+                                     {"request-bytes", true},    {"response-bytes", true},
+                                     {"duration", true},         {"calls", true},
+                                     {"warmup", true},           {"connect-timeout-ms", true},
+                                     {"idle-connections", true}, {"hold", true},
+                                     {"connect-window", true},   {"json", false},
+                                     {"quiet", false},           {"verify", false},
+                                     {"stream", false},          {"upload", false},
+                                     {"metrics", false},         {"no-latency", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -681,5 +732,6 @@ int main(int argc, char** argv) {
   if (flags.has("server")) return RunServer(flags, cfg.threads);
   if (idle > 0) return RunIdle(cfg, idle, hold_s, connect_window);
   if (flags.has("stream")) return RunStream(cfg);
+  if (flags.has("upload")) return RunUpload(cfg);
   return RunClient(cfg);
 }

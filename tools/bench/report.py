@@ -712,7 +712,12 @@ def main():
           "1,199-1,253 -> 1,444-1,520 MB/s, 4 KiB 1,571-1,951 -> 1,584-2,130 MB/s, 64 KiB "
           "2,602-2,713 -> 2,601-2,675 MB/s (the writer's side and the socket bound it). The "
           "`Read()` form still builds a new message per call, whose strings allocate; "
-          "`Read(message)`, added with this change, reuses the caller's.")
+          "`Read(message)`, added with this change, reuses the caller's. The writer's side of a client "
+          "stream likewise: a `Write` with window left sends synchronously in its own frame (it "
+          "went through three before); `rdmarpc_bench --upload --request-bytes 64` under "
+          "callgrind, the two client builds against the same server: 1,547 -> 673 instructions "
+          "per message written (the server, reading with `Read(message)`: 1,152); timed, 2 s: "
+          "4.47 M -> 6.44 M messages/s.")
         w("")
     idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
     if idle:
