@@ -28,7 +28,14 @@ CONNECTIONS_HISTORY = (
 
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-04, on 32deb4b): one run_all.sh from start to end, in a quiet hour, on "
+    "This run (2026-12-04, twenty-first session, on b398e95: the in-place parse, one Clear per "
+    "request and the stream changes since the run before): one run_all.sh from start to end on "
+    "a quiet machine, `bash tools/bench/run_all.sh`. TCP 64 B at 1.15x the raw ping-pong "
+    "(1.16x before), server 2,713 / client 2,452 instructions per call over TCP, 3,908 / 3,642 "
+    "over rdma:// in the guest; the 64 B server stream at 3.83 M messages/s against its own "
+    "server after the unary rounds (by hand, each build against its own fresh server: 6.7 M, "
+    "see under the stream table). The run before, on 32deb4b: "
+    "one run_all.sh from start to end, in a quiet hour, on "
     "the same host CPU as the run before (AMD EPYC). It is the first run whose Soft-RoCE guest "
     "boots with `tsc=reliable` (tools/vm/rxe_vm.sh, 32deb4b): until then the guest kernel judged "
     "its two emulated CPUs' TSCs unsynchronized and ran on the HPET clocksource, where every "
