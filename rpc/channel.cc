@@ -352,8 +352,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (!IsStream(index, generation)) co_return false;
     Slot& s = calls_[index];
     for (;;) {
-      if (!s.messages.empty()) co_return TakeStreamMessage(index, out);
-      if (s.done) co_return false;
+      if (const StreamTry got = ReadStep(index, out); got != StreamTry::kWait) {
+        co_return got == StreamTry::kDone;
+      }
       co_await Suspend(index, s.stream_deadline);
       if (!s.messages.empty() || s.done) continue;
       StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
@@ -366,9 +367,16 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   StreamTry TryReadStream(uint32_t index, uint32_t generation, google::protobuf::MessageLite& out) {
     if (!io_executor_ || !io_executor_->running_in_this_thread()) return StreamTry::kWait;
     if (!IsStream(index, generation)) return StreamTry::kOver;
+    return ReadStep(index, out);
+  }
+
+  // What a read of stream `index` can do without waiting: take a buffered message into `out`,
+  // find the stream over, or find nothing yet (kWait). For ReadStream and TryReadStream.
+  StreamTry ReadStep(uint32_t index, google::protobuf::MessageLite& out) {
     Slot& s = calls_[index];
-    if (s.messages.empty()) return s.done ? StreamTry::kOver : StreamTry::kWait;
-    return TakeStreamMessage(index, out) ? StreamTry::kDone : StreamTry::kOver;
+    if (!s.messages.empty())
+      return TakeStreamMessage(index, out) ? StreamTry::kDone : StreamTry::kOver;
+    return s.done ? StreamTry::kOver : StreamTry::kWait;
   }
 
   // Sends `message` on client stream `index` once its window has room: true, or false when the
@@ -380,8 +388,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (!IsStream(index, generation)) co_return false;
     Slot& s = calls_[index];
     for (;;) {
-      if (s.done || s.writes_done || !conn_ || conn_->closed()) co_return false;
-      if (s.send_credit > 0) break;
+      if (const StreamTry sent = WriteStep(index, message); sent != StreamTry::kWait) {
+        co_return sent == StreamTry::kDone;
+      }
       // Out of window: wait for the server's WINDOW (or the stream's end, deadline, cancel).
       co_await Suspend(index, s.stream_deadline, &Slot::write_resume);
       if (s.done || s.send_credit > 0) continue;
@@ -397,7 +406,6 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       }
       // Woken for the reader's sake: wait again.
     }
-    co_return SendStreamMessage(index, message);
   }
 
   // WriteStream's first step without a coroutine of its own (see StreamTry), for a writer on
@@ -406,6 +414,12 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                            const google::protobuf::MessageLite& message) {
     if (!io_executor_ || !io_executor_->running_in_this_thread()) return StreamTry::kWait;
     if (!IsStream(index, generation)) return StreamTry::kOver;
+    return WriteStep(index, message);
+  }
+
+  // What a write on stream `index` can do without waiting: send `message`, find the stream over,
+  // or find no window left (kWait). For WriteStream and TryWriteStream.
+  StreamTry WriteStep(uint32_t index, const google::protobuf::MessageLite& message) {
     Slot& s = calls_[index];
     if (s.done || s.writes_done || !conn_ || conn_->closed()) return StreamTry::kOver;
     if (s.send_credit <= 0) return StreamTry::kWait;
