@@ -492,9 +492,23 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
 
   // The reader is gone or cancels: the server is told (CANCEL) unless the stream had ended, and
   // the slot goes once the server no longer counts the call. Idempotent.
+  // Messages already buffered are dropped with it: a Read after Cancel() ends at once, as a
+  // Read waiting at the time does, rather than handing out what arrived before. Cancel() after
+  // the server's end changes nothing (the call is over; what it sent is still there to read).
   void CancelStream(uint32_t index, uint32_t generation) {
     if (!IsStream(index, generation)) return;
+    Slot& s = calls_[index];
+    if (s.done) return;
     StopStream(index, Status(StatusCode::kCancelled, "stream cancelled by the caller"));
+    DropBuffered(index);
+  }
+  // The stream's buffered messages, gone unread; no WINDOW for them (the stream is done).
+  void DropBuffered(uint32_t index) {
+    Slot& s = calls_[index];
+    while (!s.messages.empty()) {
+      TookStreamMessage(index, s.messages.FrontSize());
+      s.messages.Pop();
+    }
   }
   void ReleaseStream(uint32_t index, uint32_t generation) {
     if (!IsStream(index, generation)) return;
@@ -1152,10 +1166,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     } else {
       StopStream(index, std::move(why));
     }
-    while (!s.messages.empty()) {  // no WINDOW for them: the stream is done
-      TookStreamMessage(index, s.messages.FrontSize());
-      s.messages.Pop();
-    }
+    DropBuffered(index);
   }
 
   // The reader took a message of `payload_bytes`: once half a window has been read, tell the

@@ -60,8 +60,9 @@ class ClientStreamBase {
     if (ref_.core) ReleaseStream(ref_);  // cancels a stream still running
   }
 
-  // Ends the call now (the server is told); Finish then returns CANCELLED, and a Read or Write
-  // waiting elsewhere returns at once. Thread-safe.
+  // Ends the call now (the server is told); Finish then returns CANCELLED, a Read or Write
+  // waiting elsewhere returns at once, and messages received but not yet read are dropped (the
+  // next Read ends). After the server's end it changes nothing. Thread-safe.
   void Cancel() {
     if (ref_.core) CancelStream(ref_);
   }
