@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark tools work end to end: rdmarpc_bench against its own server (latency run and
-# idle-connection run), tcp_pingpong and grpc_bench (the gRPC C++ yardstick), each for a second,
+# idle-connection run, a server stream and a client stream), tcp_pingpong and grpc_bench (the gRPC
+# C++ yardstick: calls, a server stream, a client stream), each for a second,
 # with every call succeeding; tcp_wait_probe's read paths each echo a second of tcp_pingpong.
 set -uo pipefail
 bin=tools/bench
@@ -34,6 +35,11 @@ st=$($bin/rdmarpc_bench --target "$target" --stream --response-bytes 100 --durat
 echo "$st"
 echo "$st" | grep -Eq '"messages":[1-9][0-9]*,' || fail "no stream messages counted"
 echo "$st" | grep -q '"error":""' || fail "stream run reported an error"
+up=$($bin/rdmarpc_bench --target "$target" --upload --request-bytes 100 --duration 1 --warmup 0 \
+     --json) || fail "upload run failed: $up"
+echo "$up"
+echo "$up" | grep -Eq '"messages":[1-9][0-9]*,' || fail "no upload messages counted"
+echo "$up" | grep -q '"error":""' || fail "upload run reported an error"
 port=$((20000 + RANDOM % 20000))
 $bin/tcp_pingpong --server --port "$port" >/dev/null 2>&1 &
 pids+=($!)
@@ -78,4 +84,9 @@ gs=$($bin/grpc_bench --target "$addr" --stream --response-bytes 100 --duration 1
 echo "$gs"
 echo "$gs" | grep -Eq '"messages":[1-9][0-9]*,' || fail "grpc_bench counted no stream messages"
 echo "$gs" | grep -q '"error":""' || fail "grpc_bench stream run reported an error"
+gu=$($bin/grpc_bench --target "$addr" --upload --request-bytes 100 --duration 1 --warmup 0 \
+     --json) || fail "grpc_bench upload run failed: $gu"
+echo "$gu"
+echo "$gu" | grep -Eq '"messages":[1-9][0-9]*,' || fail "grpc_bench counted no upload messages"
+echo "$gu" | grep -q '"error":""' || fail "grpc_bench upload run reported an error"
 echo "bench_smoke_test: ok"

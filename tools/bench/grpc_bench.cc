@@ -9,6 +9,9 @@
 //   grpc_bench --target 127.0.0.1:P --stream [--response-bytes N] [--duration S] [--warmup S]
 //              [--json]                       (one server stream read as fast as it comes, as
 //                                              rdmarpc_bench --stream: messages/s and MB/s)
+//   grpc_bench --target 127.0.0.1:P --upload [--request-bytes N] [--duration S] [--warmup S]
+//              [--json]                       (one client stream written as fast as it goes, as
+//                                              rdmarpc_bench --upload)
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -75,6 +78,28 @@ class Service final : public grpcbench::Bench::CallbackService {
     };
     return new Writer(*req);
   }
+
+  // As rdmarpc_bench's Upload: every message read (into one reused request), each read started
+  // when the last is done, until the client's WritesDone.
+  grpc::ServerReadReactor<grpcbench::CallRequest>* Upload(grpc::CallbackServerContext*,
+                                                          grpcbench::CallReply*) override {
+    class Reader final : public grpc::ServerReadReactor<grpcbench::CallRequest> {
+     public:
+      Reader() { StartRead(&req_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status::OK);  // the client's WritesDone (or a cancel: then unseen)
+          return;
+        }
+        StartRead(&req_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      grpcbench::CallRequest req_;
+    };
+    return new Reader;
+  }
 };
 
 // --stream: reads one server stream with gRPC's synchronous reader (its fastest way to read one
@@ -119,6 +144,50 @@ int RunStream(grpcbench::Bench::Stub& stub, long response_bytes, long duration, 
         "grpc_bench: stream of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f "
         "MB/s%s%s\n",
         response_bytes, static_cast<unsigned long>(messages), secs, per_s, mbps,
+        error.empty() ? "" : "; ", error.c_str());
+  }
+  return error.empty() && messages > 0 ? 0 : 1;
+}
+
+// --upload: writes one client stream with gRPC's synchronous writer (a Write returns once the
+// message is handed to the transport, flow control included) for --warmup, then counts messages
+// for --duration; then WritesDone and the server's status.
+int RunUpload(grpcbench::Bench::Stub& stub, long request_bytes, long duration, long warmup,
+              bool json) {
+  grpc::ClientContext ctx;
+  grpcbench::CallReply reply;
+  auto writer = stub.Upload(&ctx, &reply);
+  grpcbench::CallRequest req;
+  req.mutable_payload()->assign(static_cast<size_t>(request_bytes), 'u');
+  std::string error;
+  bool open = true;
+  const auto warm_end = Clock::now() + std::chrono::seconds(warmup);
+  // Buffered writes: gRPC may hold a message back to send it with the next ones (WritesDone
+  // flushes), as rdmarpc's Write does; without the hint each Write waits for its own flush.
+  const auto buffered = grpc::WriteOptions().set_buffer_hint();
+  while (open && Clock::now() < warm_end) open = writer->Write(req, buffered);
+  uint64_t messages = 0;
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::seconds(duration);
+  while (open && Clock::now() < end) {
+    open = writer->Write(req, buffered);
+    if (open) ++messages;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  writer->WritesDone();
+  if (grpc::Status s = writer->Finish(); !s.ok()) error = "upload ended: " + s.error_message();
+  const double per_s = secs > 0 ? messages / secs : 0;
+  const double mbps = per_s * static_cast<double>(request_bytes) / 1e6;
+  if (json) {
+    std::printf(
+        "{\"upload\":true,\"request_bytes\":%ld,\"seconds\":%.3f,\"messages\":%lu,"
+        "\"messages_per_s\":%.0f,\"mb_per_s\":%.1f,\"error\":\"%s\"}\n",
+        request_bytes, secs, static_cast<unsigned long>(messages), per_s, mbps, error.c_str());
+  } else {
+    std::printf(
+        "grpc_bench: upload of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f "
+        "MB/s%s%s\n",
+        request_bytes, static_cast<unsigned long>(messages), secs, per_s, mbps,
         error.empty() ? "" : "; ", error.c_str());
   }
   return error.empty() && messages > 0 ? 0 : 1;
@@ -205,12 +274,15 @@ int main(int argc, char** argv) {
                                  {"warmup", true},
                                  {"json", false},
                                  {"stream", false},
+                                 {"upload", false},
                                  {"help", false}});
   if (flags.has("help")) {
     std::cout << "usage: grpc_bench --server [--port P]\n"
                  "       grpc_bench --target HOST:PORT [--request-bytes N] [--response-bytes N]\n"
                  "                  [--depth D] [--duration S] [--warmup S] [--json]\n"
                  "       grpc_bench --target HOST:PORT --stream [--response-bytes N]\n"
+                 "                  [--duration S] [--warmup S] [--json]\n"
+                 "       grpc_bench --target HOST:PORT --upload [--request-bytes N]\n"
                  "                  [--duration S] [--warmup S] [--json]\n";
     return 0;
   }
@@ -240,6 +312,9 @@ int main(int argc, char** argv) {
   auto stub = grpcbench::Bench::NewStub(channel);
   if (flags.has("stream")) {
     return RunStream(*stub, response_bytes, duration, warmup, flags.has("json"));
+  }
+  if (flags.has("upload")) {
+    return RunUpload(*stub, request_bytes, duration, warmup, flags.has("json"));
   }
   Run run;
   run.response_bytes = response_bytes;

@@ -726,6 +726,30 @@ def main():
           "per message written (the server, reading with `Read(message)`: 1,152); timed, 2 s: "
           "4.47 M -> 6.44 M messages/s.")
         w("")
+    uploads = [r for r in tcp + rdma if r.get("kind") == "upload"]
+    if uploads:
+        w("Client streams: one stream written as fast as the server's window lets it go "
+          "(`rdmarpc_bench --target URI --upload --request-bytes N --duration 3 --warmup 1 "
+          "[MODE]`; the server reads each message into one reused request with `Read(message)`), "
+          "over TCP next to gRPC C++ in the same run (`grpc_bench --target HOST:PORT --upload "
+          "--request-bytes N --duration 3 --warmup 1`: the synchronous writer with "
+          "`WriteOptions().set_buffer_hint()`, without which each of its writes waits for its own "
+          "flush -- about 114 k messages/s at 64 B by hand, 2026-12-04, against ~800 k with it -- "
+          "and a callback-API reader on the server). Messages/s count messages the writer's "
+          "`Write` accepted.")
+        w("")
+        w("| transport | polling | payload | upload messages/s | upload MB/s | "
+          "gRPC upload messages/s | rdmarpc / gRPC |")
+        w("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in uploads:
+            res_ = r["result"]
+            g = r.get("grpc")
+            gcols = (f"{g['messages_per_s']:,.0f} | "
+                     f"{res_['messages_per_s'] / g['messages_per_s']:.2f}x"
+                     if g and g.get("messages_per_s") else "- | -")
+            w(f"| {r['transport']} | {r.get('mode', '-')} | {size_name(r['bytes'])} | "
+              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {gcols} |")
+        w("")
     idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
     if idle:
         w("Memory per idle TCP connection and the most connections one server held "

@@ -65,6 +65,15 @@ for size in 64 65536; do
   echo "{\"kind\":\"stream\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
   echo "  stream of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
 done
+# Client streams the other way: one stream written as fast as the server's window lets it go.
+for size in 64 65536; do
+  r=$($bin/rdmarpc_bench --target "$target" --upload --request-bytes "$size" --duration 3 \
+      --warmup 1 --json)
+  g=$($bin/grpc_bench --target "$grpc_target" --upload --request-bytes "$size" --duration 3 \
+      --warmup 1 --json)
+  echo "{\"kind\":\"upload\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
+  echo "  upload of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
+done
 
 echo "== memory per idle connection and connection count (TCP)"
 for n in 1000 10000 19000; do

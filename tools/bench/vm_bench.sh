@@ -77,6 +77,12 @@ for mode in busy-poll adaptive events; do
         --duration 3 --warmup 1 --json)
     echo "{\"kind\":\"stream\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
   done
+  # Client streams: one stream written as fast as the server's window lets it go.
+  for size in 64 65536; do
+    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --upload --request-bytes "$size" \
+        --duration 3 --warmup 1 --json)
+    echo "{\"kind\":\"upload\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
+  done
   $bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --idle-connections 1 --hold 13 \
     --json >/dev/null 2>&1 &
   client=$!
