@@ -170,7 +170,7 @@ void ThreadDevice::Arm() {
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
     asio::post(ex_, [weak] {
       if (auto self = weak.lock()) {
-        self->PollAll();
+        self->PollBurst();
         self->CountTime(Stat::kRdmaBusyPollNanos, std::chrono::steady_clock::now());
         self->Arm();
       }
@@ -258,7 +258,7 @@ void ThreadDevice::PostSpin() {
 }
 
 void ThreadDevice::Spin() {
-  uint32_t taken = PollAll();
+  uint32_t taken = PollBurst();
   auto now = std::chrono::steady_clock::now();
   CountTime(Stat::kRdmaSpinNanos, now);
   if (taken) spin_until_ = now + spin_window_;
@@ -313,6 +313,13 @@ uint32_t ThreadDevice::PollAll() {
   uint32_t taken = 0;
   for (auto& slot : cqs_) taken += Poll(slot->cq.get());
   return taken;
+}
+
+uint32_t ThreadDevice::PollBurst() {
+  for (uint32_t i = 0; i < kSpinBurst; ++i) {
+    if (const uint32_t taken = PollAll()) return taken;
+  }
+  return 0;
 }
 
 uint32_t ThreadDevice::Poll(ibv_cq* cq) {

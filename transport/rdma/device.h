@@ -155,6 +155,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   void CountTime(Stat s, std::chrono::steady_clock::time_point now);
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
+  // PollAll up to kSpinBurst times, until one takes something; returns how many it took.
+  uint32_t PollBurst();
 
   Executor ex_;
   ibv_context* verbs_;

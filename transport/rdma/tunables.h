@@ -59,6 +59,13 @@ inline constexpr uint32_t kSignalEvery = 32;
 // coroutine frame waited in the queue, and a 1 M-call soak grew the server's heap by hundreds
 // of MiB (docs/RELIABILITY.md, "Soak").
 inline constexpr uint32_t kPollBudget = 256;
+// Busy-poll and adaptive spinning: empty polls of the CQs per turn of the event loop before
+// the thread lets its other work run (and, spinning, yields the CPU). A turn -- a posted
+// handler, the scheduler's round and its non-blocking epoll_wait -- costs several empty polls'
+// worth, so polling once per turn found a completion up to a turn late; a burst finds it within
+// a poll or so. Bounded, so that timers and other handlers of the thread still wait at most a
+// burst (a few microseconds) between turns.
+inline constexpr uint32_t kSpinBurst = 16;
 inline constexpr int kResolveTimeoutMs = 2000;
 // How long a server waits, at least, for the CM's ESTABLISHED after accepting. The wait ends at
 // once if the client goes away (the CM reports that too), so a long one costs nothing with
