@@ -511,6 +511,115 @@ TEST_CASE(
   CHECK(TestService::BlockingStub(*ch).Echo(EchoRequest(), {.timeout = 5s}).ok());
 }
 
+TEST_CASE("a client whose frame and reset arrive together, while the server is busy, is let go",
+          "[hostile][tcp]") {
+  // Both reach the socket before the server reads it: the read returns the frame with TCP_INQ
+  // saying nothing is left (the kernel does not count a reset there, as it does a FIN), and the
+  // reset's event was the one that woke the read. Trusting TCP_INQ, the server waited for an
+  // event that never came and kept the connection until its idle timeout (found by
+  // hostile_random_test); it must read on to the reset.
+  TestServer ts("tcp://127.0.0.1:0", {.io_threads = 1});
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    int fd = RawClient(PortOf(ts.uri));
+    REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 5000ms));
+    // A dozen PINGs, one at a time: the server stops reading on past a read that found the
+    // socket empty (after 8 that found nothing more), as on any quiet connection.
+    std::string in;
+    size_t at = transport::kAnswerBytes;
+    for (uint64_t id = 1; id <= 12; ++id) {
+      REQUIRE(SendAll(fd, Ping(id)));
+      bool pong = false;
+      const auto until = std::chrono::steady_clock::now() + 5s;
+      while (!pong && std::chrono::steady_clock::now() < until) {
+        char buf[4096];
+        const ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          pollfd p{fd, POLLIN, 0};
+          poll(&p, 1, 50);
+          continue;
+        }
+        in.append(buf, n);
+        while (in.size() >= at + 4) {
+          uint32_t len;
+          std::memcpy(&len, in.data() + at, 4);
+          len = le32toh(len);
+          if (in.size() < at + 4 + len) break;
+          DecodedFrame f;
+          REQUIRE(DecodeFrame(
+                      std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len), &f)
+                      .empty());
+          pong = pong || (f.header.type == FrameType::kPong && f.header.call_id == id);
+          at += 4 + len;
+        }
+      }
+      REQUIRE(pong);
+    }
+    // Block holds the server's only I/O thread for 600 ms.
+    std::thread blocker([&] {
+      SleepRequest req;
+      req.set_ms(600);
+      (void)TestService::BlockingStub(*ch).Block(req, {.timeout = 10s});
+    });
+    std::this_thread::sleep_for(200ms);
+    FrameHeader h;
+    h.type = FrameType::kCancel;  // of a call that does not exist: nothing answers it
+    h.call_id = 7;
+    REQUIRE(SendAll(fd, FrameBytes(h, "")));
+    linger l{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(fd);
+    blocker.join();
+    CHECK(Eventually([&] { return ts.server.connections() == 1; }, 3000ms));
+  }
+}
+
+TEST_CASE(
+    "a client that breaks the protocol and hangs up is let go at once, not after the grace "
+    "period",
+    "[hostile][tcp][stream]") {
+  // After a protocol error the server reads nothing more from the connection and gives its
+  // running calls a grace period (5 s) to deliver their replies. A peer that hangs up meanwhile
+  // will take none: its calls are cancelled and the connection goes as soon as it is gone,
+  // whether it half-closes (FIN, unread data before it) or resets.
+  TestServer ts("tcp://127.0.0.1:0");
+  const uint32_t count = MethodId("/rdmarpc.testing.TestService/Count");
+  for (const bool reset : {false, true}) {
+    INFO((reset ? "reset" : "half-close"));
+    int fd = RawClient(PortOf(ts.uri));
+    CountRequest req;
+    req.set_count(1);
+    req.set_block_after(true);  // then waits for its caller: a call that never ends by itself
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.flags = kRequestFlagServerStream;
+    h.method_id = count;
+    h.call_id = 1;
+    REQUIRE(SendAll(fd, FrameBytes(h, req.SerializeAsString())));
+    REQUIRE(Eventually([&] { return ts.server.in_flight_calls() == 1; }, 5000ms));
+    // A stream message on a server stream: GOAWAY, and the grace period begins.
+    REQUIRE(SendAll(fd, StreamMessage(1, "x")));
+    std::string goaway;
+    ReadFrames(fd, 5000ms, [&](const DecodedFrame& f) {
+      if (f.header.type == FrameType::kGoAway) goaway = PayloadOf(f);
+      return !goaway.empty();
+    });
+    REQUIRE_THAT(goaway, Catch::Contains("takes none"));
+    if (reset) {
+      linger l{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      close(fd);
+    } else {
+      shutdown(fd, SHUT_WR);
+    }
+    CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 2000ms));
+    CHECK(Eventually([&] { return ts.server.connections() == 0; }, 2000ms));
+    if (!reset) close(fd);
+  }
+}
+
 TEST_CASE(
     "a client stream message that does not parse ends that call with INVALID_ARGUMENT; the "
     "connection serves on",

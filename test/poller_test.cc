@@ -40,7 +40,7 @@ struct Recorder final : Poller::Client {
   bool gone = false;
   std::function<void()> on_ready;
   explicit Recorder(int f) : fd(f) {}
-  void OnReady() override {
+  void OnReady(bool) override {
     ++reads;
     char buf[64];
     while (::read(fd, buf, sizeof buf) > 0) {

@@ -1,5 +1,6 @@
 #include "transport/poller.h"
 
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <boost/asio/detail/epoll_reactor.hpp>
@@ -48,6 +49,17 @@ struct Poller::Registration {
   bool in_ready = false;  // inside client->OnReady: the reactor holds this descriptor's lock
 };
 
+namespace {
+// The events the reactor is handling for a descriptor: from epoll_wait to the end of its
+// perform_io they are kept in the descriptor's state, an operation, as its task_result_
+// (protected), and perform_io does not hand them to the operations it performs. Read through a
+// pointer to the member formed in a derived class.
+struct EventsOf : asio::detail::scheduler_operation {
+  static constexpr unsigned int asio::detail::scheduler_operation::*kTaskResult =
+      &EventsOf::task_result_;
+};
+}  // namespace
+
 Poller::Op::status Poller::Op::Perform(reactor_op* base) {
   Registration* r = static_cast<Op*>(base)->registration;
   if (r->removed) return not_done;
@@ -57,8 +69,11 @@ Poller::Op::status Poller::Op::Perform(reactor_op* base) {
     Registration* r;
     ~Reset() { r->in_ready = false; }
   } reset{r};
+  // (A C-style cast: descriptor_state derives from the operation privately.)
+  const auto* state = (const asio::detail::scheduler_operation*)r->data;
+  const bool failed = (state->*EventsOf::kTaskResult & (EPOLLERR | EPOLLHUP)) != 0;
   // The client stays alive through its own call: Remove hands its reference to the caller.
-  r->client->OnReady();
+  r->client->OnReady(failed);
   return not_done;
 }
 

@@ -34,9 +34,11 @@ class Poller final : public boost::asio::execution_context::service {
     // The descriptor became readable, or failed or hung up (which a read reports). Edge-
     // triggered: read until EAGAIN (or end of stream), or until a read's TCP_INQ says the
     // socket is empty (it counts a received FIN as something); nothing more is reported until
-    // new data arrives after that. Writability is not watched: wait for it some other way (it
-    // is rare).
-    virtual void OnReady() = 0;
+    // new data arrives after that. `failed`: this event includes an error or hang-up
+    // (EPOLLERR, EPOLLHUP): read on until a read reports it, whatever TCP_INQ says -- it does
+    // not count a reset, and a reset raises no other event. Writability is not watched: wait
+    // for it some other way (it is rare).
+    virtual void OnReady(bool failed) = 0;
     // The io_context is going away: the poller closes the descriptor and drops the client
     // right after this. Forget both (the number may be reused at once).
     virtual void OnPollerGone() {}

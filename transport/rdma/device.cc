@@ -18,7 +18,7 @@ namespace asio = boost::asio;
 class ThreadDevice::Waker final : public Poller::Client {
  public:
   explicit Waker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
-  void OnReady() override {
+  void OnReady(bool) override {
     if (auto d = device_.lock()) d->OnChannelReady();
   }
   void OnPollerGone() override {

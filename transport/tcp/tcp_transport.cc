@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -185,7 +186,10 @@ class TcpConnection final : public Connection,
   void CloseAfterSending(int limit_ms) override {
     if (handler_.closed() || closing_) return;
     closing_ = true;
-    paused_ = true;
+    if (!paused_) {
+      paused_ = true;
+      CheckHangUpSoon();
+    }
     if (!writing_ && pending_.empty()) {
       CloseWith("closed locally");
       return;
@@ -205,7 +209,11 @@ class TcpConnection final : public Connection,
     return (pending_.empty() ? 0 : pending_.capacity()) + (writing_ ? inflight_.capacity() : 0);
   }
 
-  void PauseReceiving() override { paused_ = true; }
+  void PauseReceiving() override {
+    if (paused_) return;
+    paused_ = true;
+    CheckHangUpSoon();
+  }
 
   void ResumeReceiving() override {
     if (!paused_ || closing_) return;
@@ -225,11 +233,23 @@ class TcpConnection final : public Connection,
 
   // From the Poller, on the event loop (inside the reactor's processing of our descriptor):
   // new data, the end of the stream or an error.
-  void OnReady() override {
+  void OnReady(bool failed) override {
     if (handler_.closed()) return;
     drained_ = false;
     reading_on_ = false;
-    if (!paused_ && !delivering_ && !read_posted_) ReadAndDeliver();
+    // A reset raises this one event, and TCP_INQ does not count it: read until a read fails.
+    if (failed) failed_ = true;
+    if (paused_) {
+      // Nothing is read while paused (over the server's budget, a protocol error's grace
+      // period, a close after sending), so the end of the stream, behind what is unread, would
+      // go unseen until then, and a peer that had hung up would keep its calls running for up
+      // to that long. The hang-up raises an event all the same; a zero-time poll tells it from
+      // data (POLLRDHUP: the peer's FIN, however much is unread before it; POLLHUP or POLLERR:
+      // a reset). As when the end is read: the peer is gone, and so is the connection.
+      if (failed || PeerHungUp()) CloseWith("peer closed the connection");
+      return;
+    }
+    if (!delivering_ && !read_posted_) ReadAndDeliver();
   }
 
  private:
@@ -395,6 +415,22 @@ class TcpConnection final : public Connection,
     });
   }
 
+  // Receiving has just paused: the peer's hang-up may have come already, its event taken by a
+  // read that stopped at the pause without reaching it (a request, a protocol error, then the
+  // end of the stream, all in one read). Looked at once, after the caller's turn.
+  void CheckHangUpSoon() {
+    asio::post(executor_, [self = shared_from_this()] {
+      if (self->paused_ && !self->handler_.closed() && self->fd_ >= 0 && self->PeerHungUp()) {
+        self->CloseWith("peer closed the connection");
+      }
+    });
+  }
+
+  bool PeerHungUp() const {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
   // Raw syscalls: glibc's recv/send wrappers are thread-cancellation points (~60 instructions
   // each for nothing here), and Asio's add error_code handling on top.
   static ssize_t RecvSome(int fd, std::byte* p, size_t n) {
@@ -544,7 +580,7 @@ class TcpConnection final : public Connection,
       if (reading_on_) read_on_ = kReadOnAfterFind;
       reading_on_ = false;
       reader_.Commit(static_cast<size_t>(n));
-      if (left == 0) {
+      if (left == 0 && !failed_) {
         // The socket is empty (no data, no FIN): whatever arrives from now on raises a new
         // edge. Read on past it only while that has been finding bytes (see read_on_), and
         // now and then to notice a flow starting.
@@ -612,6 +648,7 @@ class TcpConnection final : public Connection,
   bool flush_scheduled_ = false;
   bool delivering_ = false;  // inside DeliverAndFlush: it flushes when it is done
   bool drained_ = false;     // the kernel's queue was found empty (EAGAIN, or TCP_INQ 0)
+  bool failed_ = false;      // the poller reported an error or hang-up: read on to EAGAIN
   bool inq_ = false;         // TCP_INQ is on: reads say what the socket still holds
   // Reading on past a read that emptied the socket (TCP_INQ 0). In a request/response exchange
   // that recv only ever says EAGAIN (a system call, ~1.2 us of CPU per message on each side on
