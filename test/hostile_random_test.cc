@@ -28,6 +28,7 @@
 #include "rpc/internal/frame.h"
 #include "rpc/method_id.h"
 #include "rpc/rdmarpc.h"
+#include "test/raw_tcp.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
 
@@ -51,15 +52,6 @@ std::string RandomBytes(Rng& rng, size_t max) {
   std::string s(Below(rng, max + 1), '\0');
   for (char& c : s) c = static_cast<char>(rng());
   return s;
-}
-
-std::string Framed(const FrameHeader& h, const std::string& metadata, const std::string& payload) {
-  std::string f(kFrameHeaderBytes, '\0');
-  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
-  f += metadata;
-  f += payload;
-  const uint32_t len = htole32(static_cast<uint32_t>(f.size()));
-  return std::string(reinterpret_cast<const char*>(&len), 4) + f;
 }
 
 struct Method {
@@ -179,7 +171,7 @@ std::string RandomFrame(Rng& rng, const std::vector<Method>& methods) {
   }
   h.metadata_bytes = static_cast<uint32_t>(metadata.size());
   if (Chance(rng, 0.005)) h.metadata_bytes = static_cast<uint32_t>(rng());  // past the frame
-  std::string f = Framed(h, metadata, payload);
+  std::string f = FrameBytes(h, metadata + payload);
   if (Chance(rng, 0.005)) {
     // A length prefix shorter than a header.
     const uint32_t len = htole32(static_cast<uint32_t>(Below(rng, kFrameHeaderBytes)));
@@ -189,89 +181,46 @@ std::string RandomFrame(Rng& rng, const std::vector<Method>& methods) {
   return f;
 }
 
-int RawClient(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  uint8_t hello[transport::kHelloBytes];
-  transport::EncodeHello(transport::Hello{}, hello);
-  REQUIRE(write(fd, hello, sizeof hello) == ssize_t(sizeof hello));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
-}
-
 // What came back on one connection.
 struct Seen {
   size_t frames = 0;
-  std::string bad;                        // the first thing no server may send, if any
-  size_t skip = transport::kAnswerBytes;  // the handshake's answer, not yet read past
-  std::string in;                         // bytes read and not yet decoded
+  std::string bad;  // the first thing no server may send, if any
+  FrameReader reader;
 };
 
 // Reads until the server closes or `within` passes (0: only what is waiting), checking each
-// frame as it comes. Decoded bytes are let go of at once: a stream the attacker gave a huge
-// window can send a lot.
+// frame as it comes.
 void ReadBack(int fd, std::chrono::milliseconds within, Seen& seen) {
   const auto until = std::chrono::steady_clock::now() + within;
-  std::string& in = seen.in;
-  char buf[65536];
+  DecodedFrame f;
   for (;;) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN)) return;
-    if (n < 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return;
-      pollfd p{fd, POLLIN, 0};
-      poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
-      continue;
-    }
-    in.append(buf, n);
-    if (seen.skip > 0) {
-      const size_t k = std::min(seen.skip, in.size());
-      in.erase(0, k);
-      seen.skip -= k;
-    }
-    size_t at = 0;
-    while (in.size() >= at + 4) {
-      uint32_t len;
-      std::memcpy(&len, in.data() + at, 4);
-      len = le32toh(len);
-      if (len > (64u << 20)) {
-        seen.bad = "a length prefix of " + std::to_string(len);
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   until - std::chrono::steady_clock::now()));
+    switch (seen.reader.Next(fd, left, &f)) {
+      case FrameReader::Got::kFrame:
+        break;
+      case FrameReader::Got::kBad:
+        seen.bad = seen.reader.error();
         return;
-      }
-      if (in.size() < at + 4 + len) break;
-      DecodedFrame f;
-      auto frame = std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len);
-      if (std::string err = DecodeFrame(frame, &f); !err.empty()) {
-        seen.bad = "a frame that does not decode: " + err;
+      default:  // nothing more within `within`, or closed
         return;
-      }
-      // (Any status code may come: a handler chooses it, here the test service's Fail.)
-      switch (f.header.type) {
-        case FrameType::kResponse:
-        case FrameType::kStreamMessage:
-        case FrameType::kWindow:
-        case FrameType::kPing:
-        case FrameType::kPong:
-        case FrameType::kGoAway:
-        case FrameType::kSettings:
-          break;
-        default:
-          seen.bad = "frame type " + std::to_string(static_cast<int>(f.header.type));
-      }
-      if (!seen.bad.empty()) return;
-      ++seen.frames;
-      at += 4 + len;
     }
-    in.erase(0, at);
+    // (Any status code may come: a handler chooses it, here the test service's Fail.)
+    switch (f.header.type) {
+      case FrameType::kResponse:
+      case FrameType::kStreamMessage:
+      case FrameType::kWindow:
+      case FrameType::kPing:
+      case FrameType::kPong:
+      case FrameType::kGoAway:
+      case FrameType::kSettings:
+        ++seen.frames;
+        break;
+      default:
+        seen.bad = "frame type " + std::to_string(static_cast<int>(f.header.type));
+        return;
+    }
   }
 }
 

@@ -26,6 +26,7 @@
 #include "rpc/internal/frame.h"
 #include "rpc/rdmarpc.h"
 #include "test/process_util.h"
+#include "test/raw_tcp.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
 
@@ -90,14 +91,6 @@ class RssWatch {
   std::thread thread_;
 };
 
-std::string FrameBytes(const FrameHeader& h, const std::string& payload) {
-  std::string f(kFrameHeaderBytes, '\0');
-  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
-  f += payload;
-  const uint32_t len = htole32(static_cast<uint32_t>(f.size()));
-  return std::string(reinterpret_cast<const char*>(&len), 4) + f;
-}
-
 std::string Ping(uint64_t id, size_t payload = 0) {
   FrameHeader h;
   h.type = FrameType::kPing;
@@ -113,25 +106,6 @@ std::string SayRequest(uint64_t id, uint32_t method, size_t payload) {
   demo::SayRequest req;
   req.set_payload(std::string(payload, 'e'));
   return FrameBytes(h, req.SerializeAsString());
-}
-
-// A TCP connection that has done the handshake (HELLO out; the answer is left unread, like
-// everything else the server sends), non-blocking from then on.
-int RawClient(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  uint8_t hello[transport::kHelloBytes];
-  transport::EncodeHello(transport::Hello{}, hello);
-  REQUIRE(write(fd, hello, sizeof hello) == ssize_t(sizeof hello));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return fd;
 }
 
 // Writes `unit()` over and over for `duration` without ever reading; returns the bytes the
@@ -231,33 +205,18 @@ bool SendAll(int fd, const std::string& bytes) {
   return true;
 }
 
-// Reads what the server sends (its handshake answer, then length-prefixed frames) until it
-// closes the connection, `within` passes, or `enough` returns true for a frame (called for each).
+// Reads what the server sends until it closes the connection, `within` passes, or `enough`
+// returns true for a frame (called for each).
 void ReadFrames(int fd, std::chrono::milliseconds within,
                 const std::function<bool(const DecodedFrame&)>& enough) {
+  FrameReader reader;
   const auto until = std::chrono::steady_clock::now() + within;
-  std::string in;
-  size_t at = transport::kAnswerBytes;
-  char buf[65536];
-  while (std::chrono::steady_clock::now() < until) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN)) break;
-    if (n < 0) {
-      pollfd p{fd, POLLIN, 0};
-      poll(&p, 1, 50);
-      continue;
-    }
-    in.append(buf, n);
-    while (in.size() >= at + 4) {
-      uint32_t len;
-      std::memcpy(&len, in.data() + at, 4);
-      len = le32toh(len);
-      if (in.size() < at + 4 + len) break;
-      DecodedFrame f;
-      auto frame = std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len);
-      if (DecodeFrame(frame, &f).empty() && enough(f)) return;
-      at += 4 + len;
-    }
+  DecodedFrame f;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || reader.Next(fd, left, &f) != FrameReader::Got::kFrame) return;
+    if (enough(f)) return;
   }
 }
 
@@ -517,7 +476,9 @@ TEST_CASE("a client whose frame and reset arrive together, while the server is b
   // saying nothing is left (the kernel does not count a reset there, as it does a FIN), and the
   // reset's event was the one that woke the read. Trusting TCP_INQ, the server waited for an
   // event that never came and kept the connection until its idle timeout (found by
-  // hostile_random_test); it must read on to the reset.
+  // hostile_random_test); it must read on to the reset. (Whether the reset lands before that
+  // read is the kernel's timing: this failed on the old code in one form of the test and not
+  // in this one; hostile_random_test's sequences reproduced it in about 1 run in 15.)
   TestServer ts("tcp://127.0.0.1:0", {.io_threads = 1});
   auto ch = Channel::ConnectBlocking(ts.uri);
   REQUIRE(ch.ok());
@@ -527,43 +488,24 @@ TEST_CASE("a client whose frame and reset arrive together, while the server is b
     REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 5000ms));
     // A dozen PINGs, one at a time: the server stops reading on past a read that found the
     // socket empty (after 8 that found nothing more), as on any quiet connection.
-    std::string in;
-    size_t at = transport::kAnswerBytes;
+    FrameReader reader;
     for (uint64_t id = 1; id <= 12; ++id) {
       REQUIRE(SendAll(fd, Ping(id)));
       bool pong = false;
-      const auto until = std::chrono::steady_clock::now() + 5s;
-      while (!pong && std::chrono::steady_clock::now() < until) {
-        char buf[4096];
-        const ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) {
-          pollfd p{fd, POLLIN, 0};
-          poll(&p, 1, 50);
-          continue;
-        }
-        in.append(buf, n);
-        while (in.size() >= at + 4) {
-          uint32_t len;
-          std::memcpy(&len, in.data() + at, 4);
-          len = le32toh(len);
-          if (in.size() < at + 4 + len) break;
-          DecodedFrame f;
-          REQUIRE(DecodeFrame(
-                      std::span(reinterpret_cast<const std::byte*>(in.data() + at + 4), len), &f)
-                      .empty());
-          pong = pong || (f.header.type == FrameType::kPong && f.header.call_id == id);
-          at += 4 + len;
-        }
+      DecodedFrame f;
+      while (!pong && reader.Next(fd, 5000ms, &f) == FrameReader::Got::kFrame) {
+        pong = f.header.type == FrameType::kPong && f.header.call_id == id;
       }
       REQUIRE(pong);
     }
-    // Block holds the server's only I/O thread for 600 ms.
+    // Block holds the server's only I/O thread for a second; the frame and the reset go while
+    // it does (the call counts from the moment its handler starts).
     std::thread blocker([&] {
       SleepRequest req;
-      req.set_ms(600);
+      req.set_ms(1000);
       (void)TestService::BlockingStub(*ch).Block(req, {.timeout = 10s});
     });
-    std::this_thread::sleep_for(200ms);
+    REQUIRE(Eventually([&] { return ts.server.in_flight_calls() == 1; }, 5000ms));
     FrameHeader h;
     h.type = FrameType::kCancel;  // of a call that does not exist: nothing answers it
     h.call_id = 7;

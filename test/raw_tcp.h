@@ -1,0 +1,114 @@
+// A raw TCP client for hostile-client tests: a socket that has done the handshake and then speaks
+// frames byte by byte, without a channel, so that tests can send what no channel would.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "rpc/internal/frame.h"
+#include "transport/handshake.h"
+
+namespace rdmarpc::testing {
+
+// A connection to 127.0.0.1:`port` that has sent its HELLO (the answer is left unread, like
+// everything else the server sends), non-blocking from then on.
+inline int RawClient(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  uint8_t hello[transport::kHelloBytes];
+  transport::EncodeHello(transport::Hello{}, hello);
+  REQUIRE(write(fd, hello, sizeof hello) == ssize_t(sizeof hello));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
+// One length-prefixed frame: `h` (its metadata_bytes as given), then `body` (metadata and
+// payload).
+inline std::string FrameBytes(const FrameHeader& h, std::string_view body) {
+  std::string f(kFrameHeaderBytes, '\0');
+  EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
+  f += body;
+  const uint32_t len = htole32(static_cast<uint32_t>(f.size()));
+  return std::string(reinterpret_cast<const char*>(&len), 4) + f;
+}
+
+// What a server sends on a raw connection, frame by frame: the handshake's answer is skipped,
+// decoded bytes are let go of (a stream can send a lot). Keep one per connection.
+class FrameReader {
+ public:
+  enum class Got { kFrame, kNothing, kClosed, kBad };
+
+  // The next frame in `*out` (valid until the next call): kFrame; kNothing when none came
+  // within `within` (0: only what is waiting now); kClosed when the server closed or reset;
+  // kBad when what came is not a frame (`error()` says why).
+  Got Next(int fd, std::chrono::milliseconds within, DecodedFrame* out) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    in_.erase(0, consumed_);
+    consumed_ = 0;
+    for (;;) {
+      if (skip_ == 0 && in_.size() >= 4) {
+        uint32_t len;
+        std::memcpy(&len, in_.data(), 4);
+        len = le32toh(len);
+        if (len > (64u << 20)) {
+          error_ = "a length prefix of " + std::to_string(len);
+          return Got::kBad;
+        }
+        if (in_.size() >= 4 + size_t{len}) {
+          auto frame = std::span(reinterpret_cast<const std::byte*>(in_.data() + 4), len);
+          if (std::string err = DecodeFrame(frame, out); !err.empty()) {
+            error_ = "a frame that does not decode: " + err;
+            return Got::kBad;
+          }
+          consumed_ = 4 + size_t{len};
+          return Got::kFrame;
+        }
+      }
+      char buf[65536];
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return Got::kClosed;
+      if (n > 0) {
+        size_t at = 0;
+        if (skip_ > 0) {
+          at = std::min(skip_, static_cast<size_t>(n));
+          skip_ -= at;
+        }
+        in_.append(buf + at, static_cast<size_t>(n) - at);
+        continue;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return Got::kNothing;
+      pollfd p{fd, POLLIN, 0};
+      poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
+    }
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string in_;
+  size_t consumed_ = 0;
+  size_t skip_ = transport::kAnswerBytes;
+  std::string error_;
+};
+
+}  // namespace rdmarpc::testing
