@@ -189,22 +189,6 @@ std::string StreamMessage(uint64_t id, const std::string& payload, uint8_t flags
   return FrameBytes(h, payload);
 }
 
-bool SendAll(int fd, const std::string& bytes) {
-  size_t at = 0;
-  while (at < bytes.size()) {
-    ssize_t n = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
-    if (n > 0) {
-      at += n;
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 50);
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
 // Reads what the server sends until it closes the connection, `within` passes, or `enough`
 // returns true for a frame (called for each).
 void ReadFrames(int fd, std::chrono::milliseconds within,

@@ -51,6 +51,28 @@ inline std::string FrameBytes(const FrameHeader& h, std::string_view body) {
   return std::string(reinterpret_cast<const char*>(&len), 4) + f;
 }
 
+// Sends `bytes`, waiting while the socket is full: true once all went; false when the server
+// closed the connection, or `within` passed first (a server that stopped reading us may never
+// take the rest).
+inline bool SendAll(int fd, std::string_view bytes,
+                    std::chrono::milliseconds within = std::chrono::hours(24)) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n > 0) {
+      at += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EAGAIN) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 20);
+    } else {
+      return false;  // closed by the server
+    }
+  }
+  return true;
+}
+
 // What a server sends on a raw connection, frame by frame: the handshake's answer is skipped,
 // decoded bytes are let go of (a stream can send a lot). Keep one per connection.
 class FrameReader {

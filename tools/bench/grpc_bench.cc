@@ -102,6 +102,26 @@ class Service final : public grpcbench::Bench::CallbackService {
   }
 };
 
+// Prints a --stream or --upload run's messages/s and MB/s (`bytes` per message); the exit status.
+int ReportStream(bool upload, long bytes, double secs, uint64_t messages, const std::string& error,
+                 bool json) {
+  const double per_s = secs > 0 ? messages / secs : 0;
+  const double mbps = per_s * static_cast<double>(bytes) / 1e6;
+  if (json) {
+    std::printf(
+        "{\"%s\":true,\"%s\":%ld,\"seconds\":%.3f,\"messages\":%lu,"
+        "\"messages_per_s\":%.0f,\"mb_per_s\":%.1f,\"error\":\"%s\"}\n",
+        upload ? "upload" : "stream", upload ? "request_bytes" : "response_bytes", bytes, secs,
+        static_cast<unsigned long>(messages), per_s, mbps, error.c_str());
+  } else {
+    std::printf(
+        "grpc_bench: %s of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f MB/s%s%s\n",
+        upload ? "upload" : "stream", bytes, static_cast<unsigned long>(messages), secs, per_s,
+        mbps, error.empty() ? "" : "; ", error.c_str());
+  }
+  return error.empty() && messages > 0 ? 0 : 1;
+}
+
 // --stream: reads one server stream with gRPC's synchronous reader (its fastest way to read one
 // stream) for --warmup, then counts messages for --duration.
 int RunStream(grpcbench::Bench::Stub& stub, long response_bytes, long duration, long warmup,
@@ -132,21 +152,7 @@ int RunStream(grpcbench::Bench::Stub& stub, long response_bytes, long duration, 
   }
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   ctx.TryCancel();
-  const double per_s = secs > 0 ? messages / secs : 0;
-  const double mbps = per_s * static_cast<double>(response_bytes) / 1e6;
-  if (json) {
-    std::printf(
-        "{\"stream\":true,\"response_bytes\":%ld,\"seconds\":%.3f,\"messages\":%lu,"
-        "\"messages_per_s\":%.0f,\"mb_per_s\":%.1f,\"error\":\"%s\"}\n",
-        response_bytes, secs, static_cast<unsigned long>(messages), per_s, mbps, error.c_str());
-  } else {
-    std::printf(
-        "grpc_bench: stream of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f "
-        "MB/s%s%s\n",
-        response_bytes, static_cast<unsigned long>(messages), secs, per_s, mbps,
-        error.empty() ? "" : "; ", error.c_str());
-  }
-  return error.empty() && messages > 0 ? 0 : 1;
+  return ReportStream(/*upload=*/false, response_bytes, secs, messages, error, json);
 }
 
 // --upload: writes one client stream with gRPC's synchronous writer (a Write returns once the
@@ -176,21 +182,7 @@ int RunUpload(grpcbench::Bench::Stub& stub, long request_bytes, long duration, l
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   writer->WritesDone();
   if (grpc::Status s = writer->Finish(); !s.ok()) error = "upload ended: " + s.error_message();
-  const double per_s = secs > 0 ? messages / secs : 0;
-  const double mbps = per_s * static_cast<double>(request_bytes) / 1e6;
-  if (json) {
-    std::printf(
-        "{\"upload\":true,\"request_bytes\":%ld,\"seconds\":%.3f,\"messages\":%lu,"
-        "\"messages_per_s\":%.0f,\"mb_per_s\":%.1f,\"error\":\"%s\"}\n",
-        request_bytes, secs, static_cast<unsigned long>(messages), per_s, mbps, error.c_str());
-  } else {
-    std::printf(
-        "grpc_bench: upload of %ld-byte messages: %lu in %.3f s, %.0f messages/s, %.1f "
-        "MB/s%s%s\n",
-        request_bytes, static_cast<unsigned long>(messages), secs, per_s, mbps,
-        error.empty() ? "" : "; ", error.c_str());
-  }
-  return error.empty() && messages > 0 ? 0 : 1;
+  return ReportStream(/*upload=*/true, request_bytes, secs, messages, error, json);
 }
 
 int RunServer(long port) {

@@ -165,6 +165,13 @@ def median_tcp_rounds(rows):
     return out
 
 
+def grpc_stream_cols(ours, g):
+    """A stream table's two gRPC columns: its messages/s and ours as a multiple of it."""
+    if not g or not g.get("messages_per_s"):
+        return "- | -"
+    return f"{g['messages_per_s']:,.0f} | {ours['messages_per_s'] / g['messages_per_s']:.2f}x"
+
+
 def size_name(b):
     if b >= 1 << 20:
         return f"{b >> 20} MiB"
@@ -710,12 +717,9 @@ def main():
             else:
                 u = ours.get((r["mode"], r["bytes"]))
                 unary = f"{u['calls_per_s']:,.0f} (depth 1)" if u else "-"
-            g = r.get("grpc")
-            gcols = (f"{g['messages_per_s']:,.0f} | "
-                     f"{res_['messages_per_s'] / g['messages_per_s']:.2f}x"
-                     if g and g.get("messages_per_s") else "- | -")
             w(f"| {r['transport']} | {r.get('mode', '-')} | {size_name(r['bytes'])} | "
-              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {unary} | {gcols} |")
+              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {unary} | "
+              f"{grpc_stream_cols(res_, r.get('grpc'))} |")
         w("")
         w("Reading a stream message (2026-12-04, twenty-first session): each message the reader "
           "had not taken yet was kept as a std::string of its own (an allocation, and a free when "
@@ -760,12 +764,9 @@ def main():
         w("| --- | --- | --- | --- | --- | --- | --- |")
         for r in uploads:
             res_ = r["result"]
-            g = r.get("grpc")
-            gcols = (f"{g['messages_per_s']:,.0f} | "
-                     f"{res_['messages_per_s'] / g['messages_per_s']:.2f}x"
-                     if g and g.get("messages_per_s") else "- | -")
             w(f"| {r['transport']} | {r.get('mode', '-')} | {size_name(r['bytes'])} | "
-              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | {gcols} |")
+              f"{res_['messages_per_s']:,.0f} | {res_['mb_per_s']:.1f} | "
+              f"{grpc_stream_cols(res_, r.get('grpc'))} |")
         w("")
     idle = [r["result"] for r in tcp if r.get("kind") == "tcp_idle"]
     if idle:

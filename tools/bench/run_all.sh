@@ -55,24 +55,20 @@ done
 r=$($bin/rdmarpc_bench --target "$target" --request-bytes 1048576 --response-bytes 0 \
     --depth 4 --duration 3 --warmup 1 --json)
 echo "{\"kind\":\"tcp_throughput\",\"rdmarpc\":$r}" >> "$res/tcp.jsonl"
-# Server streams: one stream read as fast as it comes, next to unary calls of the same size and
-# to gRPC C++ streaming the same messages.
-for size in 64 65536; do
-  r=$($bin/rdmarpc_bench --target "$target" --stream --response-bytes "$size" --duration 3 \
-      --warmup 1 --json)
-  g=$($bin/grpc_bench --target "$grpc_target" --stream --response-bytes "$size" --duration 3 \
-      --warmup 1 --json)
-  echo "{\"kind\":\"stream\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
-  echo "  stream of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
-done
-# Client streams the other way: one stream written as fast as the server's window lets it go.
-for size in 64 65536; do
-  r=$($bin/rdmarpc_bench --target "$target" --upload --request-bytes "$size" --duration 3 \
-      --warmup 1 --json)
-  g=$($bin/grpc_bench --target "$grpc_target" --upload --request-bytes "$size" --duration 3 \
-      --warmup 1 --json)
-  echo "{\"kind\":\"upload\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
-  echo "  upload of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
+# Streams, next to gRPC C++ streaming the same messages: a server stream read as fast as it
+# comes (report.py sets it beside unary calls of the same size), then a client stream written as
+# fast as the server's window lets it go (--upload).
+for kind in stream upload; do
+  bytes_flag=--response-bytes
+  [ "$kind" = upload ] && bytes_flag=--request-bytes
+  for size in 64 65536; do
+    r=$($bin/rdmarpc_bench --target "$target" --$kind $bytes_flag "$size" --duration 3 \
+        --warmup 1 --json)
+    g=$($bin/grpc_bench --target "$grpc_target" --$kind $bytes_flag "$size" --duration 3 \
+        --warmup 1 --json)
+    echo "{\"kind\":\"$kind\",\"transport\":\"tcp\",\"bytes\":$size,\"result\":$r,\"grpc\":$g}" >> "$res/tcp.jsonl"
+    echo "  $kind of $size B: $(echo "$r" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/') messages/s, gRPC $(echo "$g" | sed 's/.*"messages_per_s":\([0-9.]*\).*/\1/')"
+  done
 done
 
 echo "== memory per idle connection and connection count (TCP)"

@@ -71,17 +71,16 @@ for mode in busy-poll adaptive events; do
   r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes 1048576 \
       --response-bytes 0 --depth 4 --duration 5 --warmup 1 --json)
   echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"throughput\",\"result\":$r}" >> "$out"
-  # Server streams: one stream read as fast as it comes.
-  for size in 64 65536; do
-    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --stream --response-bytes "$size" \
-        --duration 3 --warmup 1 --json)
-    echo "{\"kind\":\"stream\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
-  done
-  # Client streams: one stream written as fast as the server's window lets it go.
-  for size in 64 65536; do
-    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --upload --request-bytes "$size" \
-        --duration 3 --warmup 1 --json)
-    echo "{\"kind\":\"upload\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
+  # Streams: a server stream read as fast as it comes, a client stream written as fast as the
+  # server's window lets it go (--upload).
+  for kind in stream upload; do
+    bytes_flag=--response-bytes
+    [ "$kind" = upload ] && bytes_flag=--request-bytes
+    for size in 64 65536; do
+      r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --$kind $bytes_flag "$size" \
+          --duration 3 --warmup 1 --json)
+      echo "{\"kind\":\"$kind\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
+    done
   done
   $bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --idle-connections 1 --hold 13 \
     --json >/dev/null 2>&1 &

@@ -186,10 +186,7 @@ class TcpConnection final : public Connection,
   void CloseAfterSending(int limit_ms) override {
     if (handler_.closed() || closing_) return;
     closing_ = true;
-    if (!paused_) {
-      paused_ = true;
-      CheckHangUpSoon();
-    }
+    PauseReceiving();
     if (!writing_ && pending_.empty()) {
       CloseWith("closed locally");
       return;
