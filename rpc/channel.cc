@@ -58,6 +58,14 @@ Status ServerStatus(uint32_t code, std::string_view message) {
                                           std::to_string(code) + " from the server)");
 }
 
+// How long a call whose caller gave up (deadline, cancel) still counts against the server's
+// concurrency limit while the server does not acknowledge its CANCEL. A handler that ignores
+// cancellation keeps the server counting the call, so the channel waits for the answer rather
+// than send a call the server would refuse; but a server that lost the call (or never answers:
+// a hung or hostile one) would hold that room for good, and with every slot of its limit held
+// so, no call could ever be sent again on the connection.
+constexpr auto kAbandonedGrace = std::chrono::seconds(10);
+
 // The client state of a channel: pending-call slots indexed by call id, the connection (replaced
 // when it is lost and the channel reconnects), and the queue of calls waiting for room. Lives on
 // one thread; no locks. A call id is (slot generation << 32 | slot index), so a late response for
@@ -952,13 +960,22 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     });
   }
 
-  // Resumes every caller whose deadline has passed, and arms the timer for the next one.
+  // Resumes every caller whose deadline has passed, stops counting abandoned calls past their
+  // grace, and arms the timer for the next of either.
   void OnDeadlineTimer() {
     deadline_armed_ = Clock::time_point::max();
     const auto now = Clock::now();
     auto next = Clock::time_point::max();
     for (uint32_t i = 0; i < calls_.size(); ++i) {
       Slot& s = calls_[i];
+      if (s.active && s.abandoned) {
+        if (s.deadline <= now) {
+          FreeSlot(i);  // kAbandonedGrace passed: the server had its chance to answer
+        } else {
+          next = std::min(next, s.deadline);
+        }
+        continue;
+      }
       if (!s.resume && !s.write_resume) continue;
       if (s.deadline <= now) {
         Resume(s);
@@ -991,12 +1008,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     }
     const bool was_sent = s.sent;
     if (s.sent) --in_flight_;
+    abandoned_ -= s.abandoned;  // only a sent call is abandoned
     s.sent = s.abandoned = false;
     s.reply = nullptr;
     s.final_payload.clear();
     calls_.Free(index);
     if (!was_sent) return;
-    if (state_ == State::kDraining && in_flight_ == 0 && conn_) {
+    if (state_ == State::kDraining && in_flight_ == abandoned_ && conn_) {
       conn_->Close();  // the server is going away and we owe it nothing more
       return;
     }
@@ -1266,7 +1284,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     last_error_ = Status(StatusCode::kUnavailable,
                          "server " + target_ + " is going away: " + goaway_->message());
     WakeWaiters();
-    if (in_flight_ == 0) conn_->Close();
+    if (in_flight_ == abandoned_) conn_->Close();
   }
 
   void SendCancel(uint64_t call_id) {
@@ -1292,8 +1310,14 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       FreeSlot(index);  // nobody on the other end counts it any more
       return;
     }
+    if (!s.abandoned) ++abandoned_;
     s.abandoned = true;
     s.reply = nullptr;
+    s.deadline = Clock::now() + kAbandonedGrace;  // then it stops counting (OnDeadlineTimer)
+    ArmDeadline(s.deadline);
+    // Draining, and no caller waits on this connection any more: nothing it could still bring
+    // is wanted (OnClose frees the abandoned slots and reconnects).
+    if (state_ == State::kDraining && in_flight_ == abandoned_) conn_->Close();
   }
 
   // Fails every call on the wire with UNAVAILABLE (their replies can no longer come), and frees
@@ -1350,6 +1374,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   bool idle_goaway_ = false;         // the GOAWAY said the server closes us for being idle
   bool on_demand_ = false;           // reconnecting because a call arrived while kIdle
   uint32_t in_flight_ = 0;
+  // Of in_flight_, the calls whose callers gave up (Slot::abandoned): a draining connection
+  // waits for the others only. A server that sent GOAWAY and never answers an abandoned call
+  // (hung, or hostile) would otherwise hold the channel in kDraining for good: no reconnect,
+  // and every new call UNAVAILABLE.
+  uint32_t abandoned_ = 0;
   asio::steady_timer handshake_timer_;
   Reconnector reconnector_;
   asio::steady_timer first_ready_{executor_};     // Channel::Connect waits on it for SETTINGS

@@ -22,12 +22,12 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 
 #include "rpc/internal/frame.h"
 #include "rpc/method_id.h"
 #include "rpc/rdmarpc.h"
+#include "test/random_util.h"
 #include "test/raw_tcp.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
@@ -37,22 +37,6 @@ using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-using Rng = std::mt19937_64;
-
-uint64_t Seed() {
-  if (const char* s = std::getenv("RDMARPC_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}();
-}
-
-size_t Below(Rng& rng, size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); }
-bool Chance(Rng& rng, double p) { return std::bernoulli_distribution(p)(rng); }
-
-std::string RandomBytes(Rng& rng, size_t max) {
-  std::string s(Below(rng, max + 1), '\0');
-  for (char& c : s) c = static_cast<char>(rng());
-  return s;
-}
 
 struct Method {
   uint32_t id;
@@ -99,25 +83,6 @@ std::vector<Method> Methods() {
        kRequestFlagClientStream | kRequestFlagServerStream, [](Rng&) { return std::string(); }},
       {MethodId("/rdmarpc.testing.Unserved/Nothing"), 0, [](Rng&) { return std::string(); }},
   };
-}
-
-// Metadata: usually none, sometimes a stream mode or an entry of random text, sometimes bytes
-// that are not metadata at all.
-std::string RandomMetadata(Rng& rng) {
-  const size_t pick = Below(rng, 10);
-  if (pick < 5) return {};
-  Metadata md;
-  if (pick < 7) {
-    md.emplace_back("mode",
-                    Chance(rng, 0.5) ? "stall" : "stop-after:" + std::to_string(Below(rng, 5)));
-  } else if (pick < 9) {
-    md.emplace_back(RandomBytes(rng, 20), RandomBytes(rng, 40));
-  } else {
-    return RandomBytes(rng, 40);
-  }
-  std::string raw(MetadataEncodedSize(md), '\0');
-  EncodeMetadata(md, reinterpret_cast<std::byte*>(raw.data()));
-  return raw;
 }
 
 // One frame of the attack. Call ids come mostly from {1, 2, 3}, so that frames meet calls that
@@ -237,7 +202,7 @@ TEST_CASE(
     "random frame sequences from hostile clients: the server answers in protocol, serves "
     "others and leaves no call behind",
     "[hostile][tcp][random]") {
-  const uint64_t seed = Seed();
+  const uint64_t seed = TestSeed();
   std::printf("hostile_random_test: RDMARPC_TEST_SEED=%llu\n",
               static_cast<unsigned long long>(seed));
   std::fflush(stdout);

@@ -10,7 +10,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +22,7 @@
 
 #include "rpc/event_loop.h"
 #include "rpc/internal/frame.h"
+#include "test/random_util.h"
 #include "test/raw_peer.h"
 #include "test/test_util.h"
 #include "transport/factory.h"
@@ -208,6 +213,7 @@ void EachGetsItsOwnReply(TestService::BlockingStub& stub, int n, const std::stri
 // had to drop one): waits for it to be ready, and the call gets its own payload back.
 void ServedAfterwards(TestService::BlockingStub& stub, const std::string& payload) {
   auto r = Echo(stub, payload, {.timeout = 5s, .wait_for_ready = true});
+  INFO((r.ok() ? std::string("OK") : r.status().ToString()));
   REQUIRE(r.ok());
   CHECK(r->payload() == payload);
 }
@@ -582,4 +588,307 @@ TEST_CASE("stream messages on a client-streaming call are a protocol error, not 
   CHECK(summary.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(summary.status().message(), Catch::Contains("client-streaming call"));
   ServedAfterwards(stub, "after");
+}
+
+namespace {
+
+// SETTINGS announcing that the server runs at most `limit` calls per connection.
+std::string LimitSettings(uint32_t limit) {
+  std::string payload(kSettingsBytes, '\0');
+  EncodeSettings(Settings{.max_concurrent_calls = limit, .features = kFeatureClientStreams},
+                 reinterpret_cast<std::byte*>(payload.data()));
+  return payload;
+}
+
+bool IsSleep(const SeenRequest& r) {
+  return r.header.method_id == MethodId("/rdmarpc.testing.TestService/Sleep");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a server that sends GOAWAY and never answers an abandoned call does not hold the channel",
+    "[hostile-server][goaway]") {
+  // Calls already sent finish after a GOAWAY, and the channel closes the connection once
+  // nothing is left on it. A call whose caller gave up is not something left: its caller is
+  // gone. (The channel used to wait for the server's answer to it, which this server never
+  // sends: the channel stayed draining, and every later call failed or waited forever.)
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (IsSleep(r)) return;  // never answered, not even its CANCEL
+    if (EchoPayload(r) == "going away") {
+      FrameHeader h;
+      h.type = FrameType::kGoAway;
+      h.status = static_cast<uint32_t>(StatusCode::kUnavailable);
+      SendFrame(conn, h, "draining");
+    }
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  auto slept = stub.Sleep(SleepRequest(), {.timeout = 200ms});
+  CHECK(slept.status().code() == StatusCode::kDeadlineExceeded);
+  auto last = Echo(stub, "going away", {.timeout = 5s});
+  REQUIRE(last.ok());  // sent before the GOAWAY: it finishes
+  CHECK(last->payload() == "going away");
+  auto next = Echo(stub, "next", {.timeout = 5s, .wait_for_ready = true});
+  INFO((next.ok() ? std::string("OK") : next.status().ToString()));
+  REQUIRE(next.ok());
+  CHECK(next->payload() == "next");
+  CHECK(server.accepted() == 2);
+}
+
+TEST_CASE(
+    "a server that never acknowledges a CANCEL holds its room in the limit for a while, "
+    "not for good",
+    "[hostile-server][limits]") {
+  // The server announces one call per connection, then never answers a Sleep, nor its CANCEL.
+  // The channel counts an abandoned call until the server lets go of it (a handler may ignore
+  // cancellation: hostile_test checks that the next call waits for it), but at most
+  // kAbandonedGrace (10 s): then the next call goes. (It used to wait forever.)
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (IsSleep(r)) return;
+    AnswerEcho(conn, r);
+  });
+  auto stub = ConnectTo(server);
+  REQUIRE(server.OnNewest([](transport::Connection& conn) {
+    SendFrame(conn, FrameHeader{.type = FrameType::kSettings}, LimitSettings(1));
+  }));
+  auto first = Echo(stub, "limit is in", {.timeout = 5s});  // after the SETTINGS, on one connection
+  REQUIRE(first.ok());
+  auto slept = stub.Sleep(SleepRequest(), {.timeout = 200ms});
+  CHECK(slept.status().code() == StatusCode::kDeadlineExceeded);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = Echo(stub, "next", {.timeout = 30s});
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  INFO((next.ok() ? std::string("OK") : next.status().ToString()));
+  REQUIRE(next.ok());
+  CHECK(next->payload() == "next");
+  CHECK(waited > 5s);  // it did wait for the room (10 s after the CANCEL)
+  CHECK(server.accepted() == 1);
+}
+
+namespace {
+
+// A payload for a reply frame: usually a message of one of the test service's reply types (the
+// right one for the call or not), sometimes bytes that do not parse, sometimes nothing.
+std::string RandomReplyPayload(Rng& rng) {
+  const size_t pick = Below(rng, 20);
+  if (pick < 3) return {};
+  if (pick < 7) return RandomBytes(rng, 64);
+  const std::string payload =
+      Chance(rng, 0.03) ? std::string(60'000, 'r') : std::string(Below(rng, 300), 'r');
+  if (pick < 12) return EchoReplyBytes(payload);
+  if (pick < 17) {
+    CountReply m;
+    m.set_seq(Below(rng, 4));
+    m.set_payload(payload);
+    return m.SerializeAsString();
+  }
+  UploadSummary m;
+  m.set_count(rng());
+  m.set_bytes(rng());
+  return m.SerializeAsString();
+}
+
+// What a hostile server sends for one request: a handful of frames drawn from the protocol's
+// vocabulary, for this call, for calls it saw before (ended or not), or for none; then, now and
+// then, it drops the connection. Runs on the server's loop thread.
+class RandomAnswers {
+ public:
+  explicit RandomAnswers(uint64_t seed) : rng_(seed) {}
+
+  void operator()(transport::Connection& conn, const SeenRequest& r) {
+    for (size_t n = Below(rng_, 7); n > 0; --n) SendOne(conn, r);
+    recent_.push_back(r.header.call_id);
+    if (recent_.size() > 16) recent_.pop_front();
+    if (Chance(rng_, 0.03)) conn.Close();
+  }
+
+ private:
+  void SendOne(transport::Connection& conn, const SeenRequest& r) {
+    FrameHeader h;
+    const size_t whose = Below(rng_, 20);
+    h.call_id = whose < 15                       ? r.header.call_id
+                : whose < 19 && !recent_.empty() ? recent_[Below(rng_, recent_.size())]
+                                                 : rng_();
+    std::string metadata, payload;
+    const size_t pick = Below(rng_, 100);
+    if (pick < 40) {
+      h.type = FrameType::kResponse;
+      h.status = Chance(rng_, 0.7) ? 0 : static_cast<uint32_t>(Below(rng_, 20));  // past the last
+      metadata = RandomMetadata(rng_);
+      payload = h.status == 0 ? RandomReplyPayload(rng_) : RandomBytes(rng_, 100);
+    } else if (pick < 65) {
+      h.type = FrameType::kStreamMessage;
+      if (Chance(rng_, 0.1)) h.flags = static_cast<uint8_t>(rng_());
+      payload = RandomReplyPayload(rng_);
+    } else if (pick < 75) {
+      h.type = FrameType::kWindow;
+      std::string w(kWindowBytes, '\0');
+      EncodeWindow(Chance(rng_, 0.5) ? Below(rng_, 1 << 20) : rng_(),
+                   reinterpret_cast<std::byte*>(w.data()));
+      payload = Chance(rng_, 0.9) ? w : RandomBytes(rng_, 16);
+    } else if (pick < 83) {
+      h.type = Chance(rng_, 0.7) ? FrameType::kPing : FrameType::kPong;
+      payload = RandomBytes(rng_, 16);
+    } else if (pick < 88) {
+      h.type = FrameType::kGoAway;
+      h.flags = static_cast<uint8_t>(Below(rng_, 4));
+      h.status = static_cast<uint32_t>(Below(rng_, 20));
+      payload = RandomBytes(rng_, 200);
+    } else if (pick < 93) {
+      h.type = FrameType::kSettings;
+      std::string settings(kSettingsBytes, '\0');
+      EncodeSettings(Settings{.max_concurrent_calls =
+                                  Chance(rng_, 0.3) ? static_cast<uint32_t>(1 + Below(rng_, 3)) : 0,
+                              .max_message_bytes = static_cast<uint32_t>(rng_()),
+                              .features = static_cast<uint32_t>(rng_())},
+                     reinterpret_cast<std::byte*>(settings.data()));
+      payload = Chance(rng_, 0.8) ? settings : RandomBytes(rng_, 16);
+    } else {
+      // What only a client sends, and (rarely: the connection ends there) types nobody defined.
+      h.type = Chance(rng_, 0.8)
+                   ? (Chance(rng_, 0.5) ? FrameType::kRequest : FrameType::kCancel)
+                   : static_cast<FrameType>(Chance(rng_, 0.5) ? 0 : 10 + Below(rng_, 246));
+      h.method_id = static_cast<uint32_t>(rng_());
+      payload = RandomBytes(rng_, 32);
+    }
+    h.metadata_bytes = static_cast<uint32_t>(metadata.size());
+    if (Chance(rng_, 0.01)) h.metadata_bytes = static_cast<uint32_t>(rng_());  // past the frame
+    SendFrame(conn, h, metadata + payload);
+  }
+
+  Rng rng_;
+  std::deque<uint64_t> recent_;  // call ids of earlier requests
+};
+
+// One call of a random kind through `stub`, as an application would make it (streams read to
+// their end, written and closed); returns how it ended.
+Status RandomCall(TestService::BlockingStub& stub, Rng& rng, std::chrono::milliseconds timeout) {
+  const CallOptions options{.timeout = timeout};
+  EchoRequest m;
+  m.set_payload(std::string(Below(rng, 200), 'q'));
+  switch (Below(rng, 5)) {
+    case 0: {
+      auto r = stub.Echo(m, options);
+      return r.ok() ? Status() : r.status();
+    }
+    case 1: {
+      SleepRequest req;
+      req.set_ms(static_cast<uint32_t>(Below(rng, 20)));
+      auto r = stub.Sleep(req, options);
+      return r.ok() ? Status() : r.status();
+    }
+    case 2: {
+      auto call = stub.Count(CountRequest(), options);
+      for (int i = 0; i < 100 && call.Read(); ++i) {
+      }
+      if (Chance(rng, 0.1)) call.Cancel();
+      return call.Finish();
+    }
+    case 3: {
+      auto call = stub.Upload(options);
+      for (size_t i = Below(rng, 4); i > 0 && call.Write(m); --i) {
+      }
+      if (Chance(rng, 0.1)) call.Cancel();
+      if (Chance(rng, 0.7)) call.WritesDone();
+      auto r = call.Finish();
+      return r.ok() ? Status() : r.status();
+    }
+    default: {
+      auto call = stub.Chat(options);
+      for (size_t i = Below(rng, 4); i > 0 && call.Write(m); --i) {
+      }
+      if (Chance(rng, 0.7)) call.WritesDone();
+      for (int i = 0; i < 10 && call.Read(); ++i) {
+      }
+      if (Chance(rng, 0.1)) call.Cancel();
+      return call.Finish();
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "random frames from a hostile server: every call ends by its deadline with a defined "
+    "status, and the channel serves an honest server afterwards",
+    "[hostile-server][random]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  const uint64_t seed = TestSeed();
+  std::printf("hostile_server_test random case over %s: RDMARPC_TEST_SEED=%llu\n", listen.c_str(),
+              static_cast<unsigned long long>(seed));
+  std::fflush(stdout);
+  INFO("RDMARPC_TEST_SEED=" << seed);
+  // The script runs on the server's loop thread only: the generator needs no lock.
+  auto hostile = std::make_shared<RandomAnswers>(seed);
+  auto honest = std::make_shared<std::atomic<bool>>(false);
+  ScriptedServer server(listen,
+                        [hostile, honest](transport::Connection& conn, const SeenRequest& r) {
+                          if (honest->load()) {
+                            AnswerEcho(conn, r);
+                          } else {
+                            (*hostile)(conn, r);
+                          }
+                        });
+  auto stub = ConnectTo(server);
+  // Several callers on one channel at once, so that the server's stray frames meet live calls
+  // of every kind. (No Catch assertions off the main thread: results are gathered, then checked.)
+  constexpr int kThreads = 3, kCallsEach = 50;
+  constexpr auto kTimeout = 250ms;
+  // How long past its deadline a call may take to return: the deadline is the caller's, and a
+  // loaded machine (or the Soft-RoCE VM) is slow, but a call the client lost would wait forever.
+  constexpr auto kOverrun = 5s;
+  struct Outcome {
+    std::map<int, int> by_code;
+    std::vector<std::string> wrong;
+  };
+  std::vector<Outcome> outcomes(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Rng rng(seed + 1 + static_cast<uint64_t>(t));
+      for (int i = 0; i < kCallsEach; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        const Status s = RandomCall(stub, rng, kTimeout);
+        const auto took = std::chrono::steady_clock::now() - start;
+        const int code = static_cast<int>(s.code());
+        ++outcomes[t].by_code[code];
+        if (code > static_cast<int>(StatusCode::kUnauthenticated)) {
+          outcomes[t].wrong.push_back("a status code nobody defined: " + std::to_string(code));
+        }
+        if (took > kTimeout + kOverrun) {
+          outcomes[t].wrong.push_back(
+              "a call returned " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+              " ms after it started (" + s.ToString() + ")");
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::map<int, int> by_code;
+  for (const auto& o : outcomes) {
+    for (const auto& [code, n] : o.by_code) by_code[code] += n;
+    for (const auto& w : o.wrong) FAIL_CHECK(w);
+  }
+  std::string summary;
+  for (const auto& [code, n] : by_code) {
+    summary +=
+        " " + std::string(StatusCodeName(static_cast<StatusCode>(code))) + " " + std::to_string(n);
+  }
+  std::printf("hostile_server_test random case: %d calls on %d connections:%s\n",
+              kThreads * kCallsEach, server.accepted(), summary.c_str());
+  honest->store(true);
+  // A server that never acknowledged the CANCELs of calls whose callers gave up still counts
+  // them (as far as the channel knows) for kAbandonedGrace (10 s); within its announced limit
+  // the next call waits for that room, then goes.
+  auto r = Echo(stub, "after the random frames", {.timeout = 20s, .wait_for_ready = true});
+  INFO((r.ok() ? std::string("OK") : r.status().ToString()));
+  REQUIRE(r.ok());
+  CHECK(r->payload() == "after the random frames");
 }
