@@ -398,6 +398,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     Throttle();
   }
 
+  // Over it, receiving is paused (by Throttle after the send that crossed it, or by Break), so
+  // OnSendProgress reports each step down and Throttle wakes the writers at half.
+  bool OverBudget() override {
+    const size_t budget = core_->options.max_buffered_bytes_per_connection;
+    if (budget == 0 || !conn_ || held_bytes_ + conn_->queued_send_bytes() <= budget) return false;
+    writers_over_budget_ = true;
+    return true;
+  }
+
   bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
                          size_t* cost, Status* error) override {
     if (!conn_ || conn_->closed()) return false;
@@ -470,11 +479,17 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // The per-connection memory budget (ServerOptions::max_buffered_bytes_per_connection): requests
   // held by running calls plus replies the client has not taken. Over it, stop receiving from
   // this client (it can send no more than its transport window) until it falls to half.
+  // Stream writers over the budget wait (OverBudget) until it falls to half, broken or not.
   void Throttle() {
-    if (!conn_ || broken_) return;
+    if (!conn_) return;
     const size_t budget = core_->options.max_buffered_bytes_per_connection;
     if (budget == 0) return;
     const size_t used = held_bytes_ + conn_->queued_send_bytes();
+    if (writers_over_budget_ && used <= budget / 2) {
+      writers_over_budget_ = false;
+      for (auto& [id, hook] : streams_) hook->WakeWriter();
+    }
+    if (broken_) return;  // Break paused receiving for good
     if (!paused_ && used > budget) {
       paused_ = true;
       ++core_->throttled;
@@ -710,10 +725,11 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   bool counted_ = false;  // served (false: turned away at the connection limit)
   bool goaway_sent_ = false;
   bool idle_goaway_ = false;
-  bool paused_ = false;            // receiving paused by Throttle
-  bool in_frame_ = false;          // inside OnFrame, which runs Throttle at its end
-  bool broken_ = false;            // protocol error: closing once its calls are done
-  CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
+  bool paused_ = false;               // receiving paused by Throttle
+  bool writers_over_budget_ = false;  // a stream writer waits for the budget (OverBudget)
+  bool in_frame_ = false;             // inside OnFrame, which runs Throttle at its end
+  bool broken_ = false;               // protocol error: closing once its calls are done
+  CancelHook* running_ = nullptr;     // calls that a CANCEL may still reach
   // The streaming calls among them, by call id: their WINDOW and STREAM_MESSAGE frames come
   // often, so they are found without a walk.
   std::unordered_map<uint64_t, CancelHook*> streams_;
@@ -722,8 +738,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
   for (;;) {
     if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
-    if (call_.hook().credit > 0) break;
+    if (call_.hook().credit > 0 && !call_.sink()->OverBudget()) break;
     // Out of credit: wait for the caller's WINDOW (or its cancel, or the connection's end).
+    // Over the connection's budget: wait for its client to take what is queued.
     co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
         [this](auto handler) {
           asio::any_completion_handler<void()>(std::move(handler)).swap(call_.hook().credit_waiter);

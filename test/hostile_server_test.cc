@@ -819,10 +819,7 @@ TEST_CASE(
     "[hostile-server][random]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
-  const uint64_t seed = TestSeed();
-  std::printf("hostile_server_test random case over %s: RDMARPC_TEST_SEED=%llu\n", listen.c_str(),
-              static_cast<unsigned long long>(seed));
-  std::fflush(stdout);
+  const uint64_t seed = TestSeed("hostile_server_test random case over " + listen);
   INFO("RDMARPC_TEST_SEED=" << seed);
   // The script runs on the server's loop thread only: the generator needs no lock.
   auto hostile = std::make_shared<RandomAnswers>(seed);

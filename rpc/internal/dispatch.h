@@ -144,6 +144,11 @@ class CallSink {
   // against the connection's memory budget, and the caller is sent WINDOW when half a window
   // has been read.
   virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) = 0;
+  // Server streams: the connection holds more than its memory budget (replies its client has
+  // not taken): a writer waits, whatever stream credit it has, until the connection wakes it
+  // (CancelHook::WakeWriter) below half the budget. Stream credit alone does not bound what is
+  // queued: a client may grant any credit in WINDOW frames and then read nothing.
+  virtual bool OverBudget() = 0;
   virtual const transport::Executor& executor() const = 0;
 };
 // One in-flight server call: move-only handle that must be finished once. If it is dropped
