@@ -718,7 +718,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     // The caller, suspended in Suspend() until Resume(): woken (room, reply, connection lost),
     // its deadline passed, or it cancelled. Empty while the caller runs.
     std::optional<Resumer> resume;
-    Clock::time_point deadline = Clock::time_point::max();  // while suspended
+    // While suspended: when its caller gives up. Abandoned: when it stops counting
+    // (kAbandonedGrace after the CANCEL).
+    Clock::time_point deadline = Clock::time_point::max();
     google::protobuf::MessageLite* reply = nullptr;
     Status status;
     Slot* prev = nullptr;  // in waiting_, while queued
@@ -764,6 +766,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     return std::min(a, b);
   }
   bool HasRoom() const { return Limit() == 0 || in_flight_ < Limit(); }
+  // Every call on the wire is abandoned: no caller waits for anything from the connection.
+  bool NobodyWaits() const { return in_flight_ == abandoned_; }
 
   // Whether a call that is not wait_for_ready may wait now: a connection is on its way.
   bool ConnectionComing() const {
@@ -1014,7 +1018,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     s.final_payload.clear();
     calls_.Free(index);
     if (!was_sent) return;
-    if (state_ == State::kDraining && in_flight_ == abandoned_ && conn_) {
+    if (state_ == State::kDraining && NobodyWaits() && conn_) {
       conn_->Close();  // the server is going away and we owe it nothing more
       return;
     }
@@ -1284,7 +1288,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     last_error_ = Status(StatusCode::kUnavailable,
                          "server " + target_ + " is going away: " + goaway_->message());
     WakeWaiters();
-    if (in_flight_ == abandoned_) conn_->Close();
+    if (NobodyWaits()) conn_->Close();
   }
 
   void SendCancel(uint64_t call_id) {
@@ -1317,7 +1321,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     ArmDeadline(s.deadline);
     // Draining, and no caller waits on this connection any more: nothing it could still bring
     // is wanted (OnClose frees the abandoned slots and reconnects).
-    if (state_ == State::kDraining && in_flight_ == abandoned_) conn_->Close();
+    if (state_ == State::kDraining && NobodyWaits()) conn_->Close();
   }
 
   // Fails every call on the wire with UNAVAILABLE (their replies can no longer come), and frees

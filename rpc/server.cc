@@ -402,7 +402,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // OnSendProgress reports each step down and Throttle wakes the writers at half.
   bool OverBudget() override {
     const size_t budget = core_->options.max_buffered_bytes_per_connection;
-    if (budget == 0 || !conn_ || held_bytes_ + conn_->queued_send_bytes() <= budget) return false;
+    if (budget == 0 || !conn_ || BufferedBytes() <= budget) return false;
     writers_over_budget_ = true;
     return true;
   }
@@ -476,15 +476,19 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     conn_->Send(FrameWriter(h, StatusTextCut(status.message())));
   }
 
-  // The per-connection memory budget (ServerOptions::max_buffered_bytes_per_connection): requests
-  // held by running calls plus replies the client has not taken. Over it, stop receiving from
-  // this client (it can send no more than its transport window) until it falls to half.
-  // Stream writers over the budget wait (OverBudget) until it falls to half, broken or not.
+  // What counts against the per-connection memory budget
+  // (ServerOptions::max_buffered_bytes_per_connection): requests held by running calls plus
+  // replies the client has not taken. (conn_ set.)
+  size_t BufferedBytes() const { return held_bytes_ + conn_->queued_send_bytes(); }
+
+  // Over the budget, stop receiving from this client (it can send no more than its transport
+  // window) until it falls to half. Stream writers over the budget wait (OverBudget) until it
+  // falls to half, broken or not.
   void Throttle() {
     if (!conn_) return;
     const size_t budget = core_->options.max_buffered_bytes_per_connection;
     if (budget == 0) return;
-    const size_t used = held_bytes_ + conn_->queued_send_bytes();
+    const size_t used = BufferedBytes();
     if (writers_over_budget_ && used <= budget / 2) {
       writers_over_budget_ = false;
       for (auto& [id, hook] : streams_) hook->WakeWriter();

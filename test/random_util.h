@@ -3,10 +3,12 @@
 // Each run prints its seed; RDMARPC_TEST_SEED=N replays one run's choices.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "rpc/internal/frame.h"
 #include "rpc/metadata.h"
 #include "rpc/method_id.h"
+#include "rpc/rdmarpc.h"
 #include "test/protos/test_service.pb.h"
 #include "test/test_util.h"
 
@@ -60,6 +63,33 @@ inline std::string RandomMetadata(Rng& rng) {
   std::string raw(MetadataEncodedSize(md), '\0');
   EncodeMetadata(md, reinterpret_cast<std::byte*>(raw.data()));
   return raw;
+}
+
+// Whether a server may send a frame of this type (what the random hostile-client tests check
+// of every frame that comes back; any status code may come, a handler chooses it).
+inline bool ServerMaySend(FrameType type) {
+  switch (type) {
+    case FrameType::kResponse:
+    case FrameType::kStreamMessage:
+    case FrameType::kWindow:
+    case FrameType::kPing:
+    case FrameType::kPong:
+    case FrameType::kGoAway:
+    case FrameType::kSettings:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether `ch` still gets an Echo answered within `timeout` (the well-behaved client beside
+// the attackers); says why not on stdout.
+inline bool StillServed(const std::shared_ptr<Channel>& ch, std::chrono::milliseconds timeout) {
+  EchoRequest req;
+  req.set_payload("still here");
+  auto r = TestService::BlockingStub(ch).Echo(req, {.timeout = timeout});
+  if (!r.ok()) std::printf("the well-behaved client's call: %s\n", r.status().ToString().c_str());
+  return r.ok() && r->payload() == "still here";
 }
 
 // The test service's methods (and one no server hosts) as a hostile client sees them.

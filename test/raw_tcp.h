@@ -41,14 +41,19 @@ inline int RawClient(uint16_t port) {
   return fd;
 }
 
+// `frame` as the TCP transport carries it: a u32 little-endian length prefix, then its bytes.
+inline std::string LengthPrefixed(std::string_view frame) {
+  const uint32_t len = htole32(static_cast<uint32_t>(frame.size()));
+  return std::string(reinterpret_cast<const char*>(&len), 4) + std::string(frame);
+}
+
 // One length-prefixed frame: `h` (its metadata_bytes as given), then `body` (metadata and
 // payload).
 inline std::string FrameBytes(const FrameHeader& h, std::string_view body) {
   std::string f(kFrameHeaderBytes, '\0');
   EncodeFrameHeader(h, reinterpret_cast<std::byte*>(f.data()));
   f += body;
-  const uint32_t len = htole32(static_cast<uint32_t>(f.size()));
-  return std::string(reinterpret_cast<const char*>(&len), 4) + f;
+  return LengthPrefixed(f);
 }
 
 // Sends `bytes`, waiting while the socket is full: true once all went; false when the server
