@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -10,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cstdint>
 #include <future>
 #include <optional>
 #include <thread>
@@ -89,7 +91,12 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         io_executor_(executor_.target<asio::io_context::executor_type>()),
         handshake_timer_(executor_),
         reconnector_(executor_, target_, options_.transport, options_.reconnect_backoff_initial,
-                     options_.reconnect_backoff_max) {}
+                     options_.reconnect_backoff_max) {
+    // Measured at least 16 times per bound (so a bound is overshot by at most a sixteenth and
+    // one message), at most every 64 KiB; never without a bound.
+    const size_t bound = options_.max_queued_bytes;
+    queue_check_bytes_ = bound == 0 ? SIZE_MAX : std::clamp<size_t>(bound / 16, 1, 64u << 10);
+  }
 
   const transport::Executor& executor() const { return executor_; }
 
@@ -98,6 +105,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void Adopt(std::shared_ptr<transport::Connection> conn) {
     conn_ = std::move(conn);
     state_ = State::kHandshaking;
+    send_full_ = false;
+    unmeasured_bytes_ = 0;
     goaway_.reset();
     idle_goaway_ = false;
     on_demand_ = false;
@@ -400,8 +409,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         co_return sent == StreamTry::kDone;
       }
       // Out of window: wait for the server's WINDOW (or the stream's end, deadline, cancel).
+      // Over the send-queue bound: wait for the server to take what is queued.
       co_await Suspend(index, s.stream_deadline, &Slot::write_resume);
-      if (s.done || s.send_credit > 0) continue;
+      if (s.done || (s.send_credit > 0 && !send_full_)) continue;
       if ((co_await asio::this_coro::cancellation_state).cancelled() !=
           asio::cancellation_type::none) {
         StopStream(index, Status(StatusCode::kCancelled,
@@ -430,7 +440,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   StreamTry WriteStep(uint32_t index, const google::protobuf::MessageLite& message) {
     Slot& s = calls_[index];
     if (s.done || s.writes_done || !conn_ || conn_->closed()) return StreamTry::kOver;
-    if (s.send_credit <= 0) return StreamTry::kWait;
+    if (s.send_credit <= 0 || send_full_) return StreamTry::kWait;
     return SendStreamMessage(index, message) ? StreamTry::kDone : StreamTry::kOver;
   }
 
@@ -450,6 +460,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     }
     if (!conn_->Send(writer)) return false;  // closing: the stream fails with UNAVAILABLE
     s.send_credit -= static_cast<int64_t>(writer.size());
+    NoteQueued(writer.size());
     return true;
   }
 
@@ -615,7 +626,45 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     }
     slot.sent = true;
     ++in_flight_;
+    NoteQueued(writer.size());
     return Status();
+  }
+
+  // After a request or stream message of `bytes` went to the transport: measures the send queue
+  // now and then, and past ChannelOptions::max_queued_bytes makes new calls and stream writes
+  // wait (see send_full_). A server that takes nothing (hung, or hostile: granting stream
+  // credit it never reads) would otherwise make us queue every request and message we are
+  // given.
+  void NoteQueued(size_t bytes) {
+    unmeasured_bytes_ += bytes;
+    if (unmeasured_bytes_ >= queue_check_bytes_) [[unlikely]]
+      MeasureQueue();
+  }
+  [[gnu::noinline]] void MeasureQueue() {
+    unmeasured_bytes_ = 0;
+    if (options_.max_queued_bytes == 0 || send_full_ || !conn_) return;
+    if (conn_->queued_send_bytes() <= options_.max_queued_bytes) return;
+    send_full_ = true;
+    conn_->WatchSendProgress(true);
+    spdlog::debug(
+        "channel {}: {} bytes queued that the server has not taken (bound {}): calls "
+        "and stream writes wait",
+        target_, conn_->queued_send_bytes(), options_.max_queued_bytes);
+  }
+
+  // The transport: queued bytes went out (reported while send_full_: WatchSendProgress). At
+  // half the bound, the waiting calls and stream writers go on.
+  void OnSendProgress() override {
+    if (!send_full_ || !conn_ || conn_->queued_send_bytes() > options_.max_queued_bytes / 2) {
+      return;
+    }
+    send_full_ = false;
+    conn_->WatchSendProgress(false);
+    WakeWaiters();
+    for (uint32_t i = 0; i < calls_.size(); ++i) {
+      Slot& s = calls_[i];
+      if (s.active && s.write_resume) ResumeWaiter(s, &Slot::write_resume);
+    }
   }
 
   // FrameEndpoint: a frame from the server, decoded.
@@ -657,7 +706,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void OnClose(const transport::Error& reason) override {
     keepalive_.Stop();
     handshake_timer_.cancel();
-    conn_.reset();  // breaks the connection <-> handler cycle
+    conn_.reset();       // breaks the connection <-> handler cycle
+    send_full_ = false;  // the next connection's queue starts empty
+    unmeasured_bytes_ = 0;
     FailSent(reason.message);
     const State before = state_;
     // The server closed an idle connection (GOAWAY flagged idle): nothing is wrong; reconnect
@@ -765,7 +816,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (b == 0) return a;
     return std::min(a, b);
   }
-  bool HasRoom() const { return Limit() == 0 || in_flight_ < Limit(); }
+  bool HasRoom() const { return (Limit() == 0 || in_flight_ < Limit()) && !send_full_; }
   // Every call on the wire is abandoned: no caller waits for anything from the connection.
   bool NobodyWaits() const { return in_flight_ == abandoned_; }
 
@@ -850,6 +901,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (state_ == State::kReady && Limit() != 0) {
       room = in_flight_ < Limit() ? Limit() - in_flight_ : 0;
     }
+    if (state_ == State::kReady && send_full_) room = 0;  // OnSendProgress wakes them
     const bool may_go = state_ == State::kReady;
     for (Slot* s = waiting_.front(); s && room > 0;) {
       Slot* next = s->next;
@@ -1383,6 +1435,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // (hung, or hostile) would otherwise hold the channel in kDraining for good: no reconnect,
   // and every new call UNAVAILABLE.
   uint32_t abandoned_ = 0;
+  // The send-queue bound (ChannelOptions::max_queued_bytes): bytes sent since the queue was
+  // last measured (it is measured every queue_check_bytes_, not on every send: a virtual call),
+  // and whether it was found over the bound -- calls and stream writers then wait until the
+  // transport reports it at half (OnSendProgress). Per connection: cleared when it goes.
+  size_t unmeasured_bytes_ = 0;
+  size_t queue_check_bytes_ = 0;
+  bool send_full_ = false;
   asio::steady_timer handshake_timer_;
   Reconnector reconnector_;
   asio::steady_timer first_ready_{executor_};     // Channel::Connect waits on it for SETTINGS

@@ -55,6 +55,12 @@ struct ChannelOptions {
   // deadlines (backpressure, not failure). The server's per-connection limit applies as well and
   // the smaller one wins. 0 = only the server's.
   uint32_t max_concurrent_calls = 0;
+  // The most bytes of requests and stream messages the connection may hold that the server has
+  // not taken yet (it is slow, or hostile: granting stream credit it never reads). Over it, new
+  // calls and stream Writes wait (in order, within their deadlines) until it falls to half,
+  // instead of queuing without bound. A single message larger than this still goes (alone).
+  // 0 = no bound.
+  size_t max_queued_bytes = 16u << 20;
   // Run around every call and stream, in order (see rpc/interceptor.h). Empty = none.
   ClientInterceptors interceptors;
 };

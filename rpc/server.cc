@@ -739,6 +739,20 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   std::unordered_map<uint64_t, CancelHook*> streams_;
 };
 
+// How much a server stream writes between two turns of its I/O thread's other work: large
+// enough that the turn costs nothing measurable (one post per 64 KiB), small enough that the
+// thread's other connections wait tens of microseconds, not milliseconds.
+constexpr size_t kYieldEveryBytes = 64 << 10;
+
+// `co_await YieldTo(ex)` lets the I/O thread run what is queued on `ex` (and look for other
+// connections' data) before the calling coroutine goes on. Parked, not a nested coroutine: no
+// frame to allocate.
+auto YieldTo(transport::Executor ex) {
+  return Park([ex = std::move(ex)](Resumer&& resume) {
+    asio::post(ex, [r = std::move(resume)]() mutable { std::move(r)(); });
+  });
+}
+
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
   for (;;) {
     if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
@@ -755,6 +769,19 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
   if (!call_.sink()->SendStreamMessage(call_.call_id(), message, &cost, &error_)) co_return false;
   ContextAccess::CountSent(call_.context(), cost - kFrameHeaderBytes);
   call_.hook().credit -= static_cast<int64_t>(cost);
+  // A Write with credit and room completes without suspending, so a handler writing in a loop
+  // would keep its I/O thread until out of credit or over the budget -- 16 MiB by default for a
+  // client that grants credit freely -- while the other connections on that thread wait. Every
+  // kYieldEveryBytes it goes to the back of the thread's queue instead (the reactor looks for
+  // other connections' data on the way), and what it wrote meanwhile is flushed.
+  if ((unyielded_bytes_ += cost) >= kYieldEveryBytes) [[unlikely]] {
+    unyielded_bytes_ = 0;
+    co_await YieldTo(co_await asio::this_coro::executor);
+    // Cancelled (or the connection gone) meanwhile: the call is over, and the handler must hear
+    // it from this Write -- its next co_await would throw operation_aborted (Asio's rule for a
+    // coroutine whose cancellation state is cancelled) instead of returning false.
+    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
+  }
   co_return true;
 }
 

@@ -889,3 +889,57 @@ TEST_CASE(
   REQUIRE(r.ok());
   CHECK(r->payload() == "after the random frames");
 }
+
+TEST_CASE(
+    "a server that grants a client stream unbounded credit and reads nothing cannot grow the "
+    "client's memory",
+    "[hostile-server][stream][memory]") {
+  // Stream credit bounds what a writer may queue only as far as the server is honest about what
+  // it will read: this one grants 2^42 bytes and stops reading. The channel's send-queue bound
+  // (ChannelOptions::max_queued_bytes) makes the writer wait instead, within its deadline.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (!(r.header.flags & kRequestFlagClientStream)) {
+      AnswerEcho(conn, r);
+      return;
+    }
+    GrantUnboundedCredit(conn, r.header.call_id);
+    conn.PauseReceiving();  // from now on, nothing the client sends is taken
+  });
+  ChannelOptions co;
+  co.max_queued_bytes = 1 << 20;
+  auto stub = ConnectTo(server, co);
+  constexpr uint64_t kMessages = 20'000;
+  EchoRequest m;
+  m.set_payload(std::string(10'000, 'u'));
+  auto call = stub.Upload({.timeout = 3s});
+  uint64_t accepted = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (; accepted < kMessages; ++accepted) {
+    m.set_seq(accepted);
+    if (!call.Write(m)) break;
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(accepted << " messages of 10,000 bytes accepted while the server read nothing");
+  // A 1 MiB bound, plus what the transport holds beyond our queue (TCP: the kernel's socket
+  // buffers, several MiB on loopback). Before the bound, all 200 MB were queued.
+  CHECK(accepted < 2'000);
+  CHECK(took < 10s);  // the writer gave up at its deadline (3 s), it did not hang
+  auto summary = call.Finish();
+  REQUIRE_FALSE(summary.ok());
+  CHECK(summary.status().code() == StatusCode::kDeadlineExceeded);
+  // Unary calls on the same connection wait too (in order, within their deadlines) rather than
+  // queue their requests without bound: none of these is sent.
+  const int requests_before = server.requests();
+  for (int i = 0; i < 100; ++i) {
+    auto r = Echo(stub, std::string(100'000, 'e'), {.timeout = 20ms});
+    REQUIRE_FALSE(r.ok());
+    REQUIRE(r.status().code() == StatusCode::kDeadlineExceeded);
+  }
+  // Once the server reads again, what was queued drains and the channel serves calls again.
+  REQUIRE(server.OnNewest([](transport::Connection& conn) { conn.ResumeReceiving(); }));
+  ServedAfterwards(stub, "after");
+  // Before the bound, the 100 calls' requests (10 MB) were queued and reached the server now.
+  CHECK(server.requests() - requests_before == 1);  // "after" alone
+}

@@ -512,6 +512,30 @@ TEST_CASE(
   CHECK(served());
 }
 
+namespace {
+
+// Opens Count(`count` messages of `payload` bytes) as call 1 on `conn` with metadata `md`, and
+// grants it unbounded stream credit at once (GrantUnboundedCredit): every Write of the
+// handler then finds credit.
+void OpenGreedyStream(transport::Connection& conn, uint64_t count, uint32_t payload,
+                      const Metadata& md) {
+  FrameHeader h;
+  h.type = FrameType::kRequest;
+  h.flags = kRequestFlagServerStream;
+  h.method_id = MethodId("/rdmarpc.testing.TestService/Count");
+  h.call_id = 1;
+  h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
+  std::string bytes(h.metadata_bytes, '\0');
+  EncodeMetadata(md, reinterpret_cast<std::byte*>(bytes.data()));
+  CountRequest req;
+  req.set_count(count);
+  req.set_payload_bytes(payload);
+  conn.Send(Bytes(Frame(h, bytes + req.SerializeAsString())));
+  GrantUnboundedCredit(conn, 1);
+}
+
+}  // namespace
+
 TEST_CASE(
     "a client that grants a server stream unbounded credit and reads nothing cannot grow the "
     "server's memory",
@@ -535,21 +559,7 @@ TEST_CASE(
   RunLoop([&]() -> asio::awaitable<int> {
     auto [conn, peer] = co_await RawConnect(ts.uri);
     conn->PauseReceiving();
-    FrameHeader h;
-    h.type = FrameType::kRequest;
-    h.flags = kRequestFlagServerStream;
-    h.method_id = MethodId("/rdmarpc.testing.TestService/Count");
-    h.call_id = 1;
-    CountRequest req;
-    req.set_count(kMessages);
-    req.set_payload_bytes(kPayload);
-    conn->Send(Bytes(Frame(h, req.SerializeAsString())));
-    FrameHeader w;
-    w.type = FrameType::kWindow;
-    w.call_id = 1;
-    std::string credit(kWindowBytes, '\0');
-    EncodeWindow(uint64_t{1} << 40, reinterpret_cast<std::byte*>(credit.data()));
-    for (int i = 0; i < 4; ++i) conn->Send(Bytes(Frame(w, credit)));
+    OpenGreedyStream(*conn, kMessages, kPayload, {});
     if (breaks) conn->Send(Bytes(std::string(40, '\x42')));  // bad magic
     // The server writes until its budget (and the transport's buffers) are full, then waits.
     asio::steady_timer wait(co_await asio::this_coro::executor);
@@ -581,4 +591,57 @@ TEST_CASE(
     CHECK(ts.server.throttle_events() > 0);
   }
   CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 15000ms));
+}
+
+TEST_CASE(
+    "a server stream given unbounded credit shares its I/O thread: other work there runs "
+    "within every 64 KiB it writes",
+    "[hostile][stream]") {
+  // A handler's Write with credit and room completes without suspending; a client granting
+  // 2^40 bytes and reading as fast as it can let a handler writing in a loop keep its I/O thread
+  // (the other connections on it waiting) until the connection's budget filled: 16 MiB by
+  // default. Probed by a handler the stream posts to its thread at its 300th message (past the
+  // first window: the 2^40 bytes of credit have come).
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  constexpr uint64_t kMessages = 5'000;
+  constexpr uint32_t kPayload = 1'000;
+  RunLoop([&]() -> asio::awaitable<int> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    OpenGreedyStream(*conn, kMessages, kPayload, {{"mode", "probe:300"}});
+    co_await WaitUntil([&] { return !peer->Frames(FrameType::kResponse).empty(); }, 30000ms);
+    conn->Close();
+    co_return 0;
+  }());
+  CHECK(ts.service.stream_messages_sent.load() == kMessages);
+  const int64_t after = ts.service.probe_ran_after.load();
+  INFO("the thread's other work ran after " << after << " messages of " << kPayload << " bytes");
+  REQUIRE(after >= 0);
+  // 64 KiB slices. Before: the rest of the stream, 4,700 messages (4.7 MB).
+  CHECK(static_cast<uint64_t>(after) * kPayload <= 80'000);
+}
+
+TEST_CASE("a server stream cancelled while it lets its thread go ends through its Write",
+          "[hostile][stream][cancel]") {
+  // The CANCEL is taken in while the writer waits for its turn (a greedy client's stream is
+  // always either writing or waiting so): its Write returns false, as the handler expects; a
+  // co_await after the cancel would have thrown operation_aborted out of the handler instead.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  RunLoop([&]() -> asio::awaitable<int> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    OpenGreedyStream(*conn, 1'000'000'000, 1'000, {});
+    co_await WaitUntil([&] { return ts.service.stream_messages_sent.load() > 2'000; }, 20000ms);
+    FrameHeader c;
+    c.type = FrameType::kCancel;
+    c.call_id = 1;
+    conn->Send(Bytes(Frame(c, "")));
+    co_await WaitUntil([&] { return ts.service.streams_running.load() == 0; }, 20000ms);
+    conn->Close();
+    co_return 0;
+  }());
+  CHECK(ts.service.streams_running.load() == 0);
+  CHECK(ts.service.streams_stopped.load() == 1);  // its Write said the call was over
 }

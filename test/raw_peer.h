@@ -61,6 +61,18 @@ inline std::string Frame(const FrameHeader& h, const std::string& payload) {
   return out + payload;
 }
 
+// Grants stream `call_id` 2^42 bytes of credit on `conn` (four WINDOW frames of 2^40, the most
+// one frame counts for): more than any peer could ever write, from one that means to read none
+// of it, or all of it as fast as it comes.
+inline void GrantUnboundedCredit(transport::Connection& conn, uint64_t call_id) {
+  FrameHeader w;
+  w.type = FrameType::kWindow;
+  w.call_id = call_id;
+  std::string credit(kWindowBytes, '\0');
+  EncodeWindow(uint64_t{1} << 40, reinterpret_cast<std::byte*>(credit.data()));
+  for (int i = 0; i < 4; ++i) conn.Send(Bytes(Frame(w, credit)));
+}
+
 inline std::string SleepRequestFrame(uint64_t call_id, uint32_t ms) {
   FrameHeader h;
   h.type = FrameType::kRequest;

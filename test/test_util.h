@@ -8,6 +8,7 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -79,11 +80,13 @@ class TestServiceImpl final : public TestService::Service {
   struct StreamMode {
     bool stall = false;
     uint64_t stop_after = 0;  // 0 = never
+    uint64_t probe_at = 0;    // Count: see probe_ran_after (0 = no probe)
   };
   static StreamMode ModeOf(const ServerContext& ctx) {
     StreamMode mode;
     if (const std::string* m = ctx.FindMetadata("mode")) {
       if (*m == "stall") mode.stall = true;
+      if (m->rfind("probe:", 0) == 0) mode.probe_at = std::stoull(m->substr(6));
       if (m->rfind("stop-after:", 0) == 0) mode.stop_after = std::stoull(m->substr(11));
     }
     return mode;
@@ -176,8 +179,18 @@ class TestServiceImpl final : public TestService::Service {
   boost::asio::awaitable<Status> Count(ServerContext& ctx, const CountRequest& req,
                                        ServerWriter<CountReply>& writer) override {
     Running running(streams_running);
+    const uint64_t probe_at = ModeOf(ctx).probe_at;
+    if (probe_at) probe_ran_after.store(-1);
     CountReply reply;
     for (uint64_t i = 0; i < req.count(); ++i) {
+      if (probe_at && i == probe_at) {
+        // Other work for this I/O thread, queued by the stream at its probe_at'th message: when
+        // it runs tells how long the stream held the thread.
+        const uint64_t base = stream_messages_sent.load();
+        boost::asio::post(co_await boost::asio::this_coro::executor, [this, base] {
+          probe_ran_after.store(static_cast<int64_t>(stream_messages_sent.load() - base));
+        });
+      }
       reply.set_seq(i);
       if (req.payload_bytes()) *reply.mutable_payload() = Pattern(req.payload_bytes(), i);
       if (!co_await writer.Write(reply)) {
@@ -252,6 +265,9 @@ class TestServiceImpl final : public TestService::Service {
   // caller cancelled while blocked); messages written in all.
   std::atomic<int> streams_running{0}, streams_stopped{0};
   std::atomic<uint64_t> stream_messages_sent{0};
+  // Count with mode "probe:N": the messages it had written since its Nth when a handler it
+  // posted then ran (-1: not yet).
+  std::atomic<int64_t> probe_ran_after{-1};
   boost::asio::awaitable<Status> Block(ServerContext&, const SleepRequest& req,
                                        google::protobuf::Empty&) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms()));

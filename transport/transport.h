@@ -118,7 +118,8 @@ class ConnectionHandler {
   virtual void OnClose(const Error& reason) = 0;
   // Some queued bytes reached the peer (queued_send_bytes() went down). Called only while
   // receiving is paused (Connection::PauseReceiving), so that a handler that paused because its
-  // peer was not taking replies learns when to resume. Never from inside Send.
+  // peer was not taking replies learns when to resume, or while it watches its send queue
+  // (Connection::WatchSendProgress). Never from inside Send.
   virtual void OnSendProgress() {}
 };
 
@@ -158,6 +159,10 @@ class Connection {
   // arrived meanwhile, in order (posted, never from inside the call). Both are idempotent.
   virtual void PauseReceiving() = 0;
   virtual void ResumeReceiving() = 0;
+  // While on, OnSendProgress reports the send queue going down whether or not receiving is
+  // paused: for a sender that stopped queuing over a bound of its own and must not stop
+  // receiving (a client needs the replies and WINDOWs of its other calls). Off by default.
+  virtual void WatchSendProgress(bool on) = 0;
 
   virtual bool closed() const = 0;
   virtual size_t max_message_bytes() const = 0;

@@ -289,6 +289,8 @@ class ServerStream {
  private:
   ServerCall& call_;
   Status error_;
+  // Frame bytes written since the handler last let its I/O thread go (see kYieldEveryBytes).
+  size_t unyielded_bytes_ = 0;
 };
 // Runs the job on its call's connection.
 template <class Job>

@@ -204,6 +204,7 @@ class InprocConnection final : public Connection,
   }
 
   void PauseReceiving() override { paused_ = true; }
+  void WatchSendProgress(bool on) override { watch_progress_ = on; }
   void ResumeReceiving() override {
     if (!paused_) return;
     paused_ = false;
@@ -264,9 +265,9 @@ class InprocConnection final : public Connection,
   }
 
   // The sender learns that its queued bytes went down (ConnectionHandler::OnSendProgress),
-  // which it only hears while its own receiving is paused.
+  // which it only hears while its own receiving is paused or it watches its queue.
   void OnPeerProgress() {
-    if (paused_ && !handler_.closed()) {
+    if ((paused_ || watch_progress_) && !handler_.closed()) {
       if (ConnectionHandler* h = handler_.get()) h->OnSendProgress();
     }
   }
@@ -358,6 +359,7 @@ class InprocConnection final : public Connection,
   HandlerSlot handler_;
   bool started_ = false;
   bool paused_ = false;
+  bool watch_progress_ = false;  // WatchSendProgress
 };
 
 class InprocListener final : public Listener {

@@ -359,7 +359,7 @@ void RdmaConnection::SendPendingAndReport(size_t before) {
     MaybeFinishClosing();
     return;
   }
-  if (paused_ && queued_send_bytes() < before && handler_.get()) {
+  if ((paused_ || watch_progress_) && queued_send_bytes() < before && handler_.get()) {
     handler_.get()->OnSendProgress();
   }
 }

@@ -112,6 +112,7 @@ class RdmaConnection final : public Connection,
   }
 
   void PauseReceiving() override { paused_ = true; }
+  void WatchSendProgress(bool on) override { watch_progress_ = on; }
 
   void ResumeReceiving() override;
 
@@ -218,9 +219,10 @@ class RdmaConnection final : public Connection,
   ReceiveRing recv_ring_;
   SendRing send_ring_;
   std::deque<Outgoing> pending_;
-  size_t pending_bytes_ = 0;  // sum of pending_'s sizes
-  size_t pending_sent_ = 0;   // of pending_.front()
-  bool paused_ = false;       // PauseReceiving: records are held, credits withheld
+  size_t pending_bytes_ = 0;     // sum of pending_'s sizes
+  size_t pending_sent_ = 0;      // of pending_.front()
+  bool paused_ = false;          // PauseReceiving: records are held, credits withheld
+  bool watch_progress_ = false;  // WatchSendProgress
   bool resume_posted_ = false;
   bool closing_ = false;  // CloseAfterSending
   bool final_signal_posted_ = false;

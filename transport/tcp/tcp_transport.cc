@@ -155,12 +155,12 @@ class TcpConnection final : public Connection,
     if (handler_.closed() || closing_) return false;
     const size_t n = message.size();
     if (n > options_.max_message_bytes) return false;
-    // A large message leaves at once, gathered (SendGathered); not while receiving is paused (a
-    // write that empties the queue here would owe the handler an OnSendProgress, which may not
-    // come from inside Send), nor behind a large queue (copied once more if the kernel takes
-    // little).
-    if (n >= kGatherAboveBytes && !writing_ && !paused_ && pending_.size() < kGatherAboveBytes &&
-        SendGathered(message, n)) {
+    // A large message leaves at once, gathered (SendGathered); not while progress is reported
+    // (a write that empties the queue here would owe the handler an OnSendProgress, which may
+    // not come from inside Send), nor behind a large queue (copied once more if the kernel
+    // takes little).
+    if (n >= kGatherAboveBytes && !writing_ && !report_progress_ &&
+        pending_.size() < kGatherAboveBytes && SendGathered(message, n)) {
       if (pending_.empty()) return true;  // the kernel took it all
     } else {
       std::byte* at = pending_.Append(kLengthPrefixBytes + n);
@@ -206,15 +206,22 @@ class TcpConnection final : public Connection,
     return (pending_.empty() ? 0 : pending_.capacity()) + (writing_ ? inflight_.capacity() : 0);
   }
 
+  void WatchSendProgress(bool on) override {
+    watch_progress_ = on;
+    report_progress_ = paused_ || watch_progress_;
+  }
+
   void PauseReceiving() override {
     if (paused_) return;
     paused_ = true;
+    report_progress_ = true;
     CheckHangUpSoon();
   }
 
   void ResumeReceiving() override {
     if (!paused_ || closing_) return;
     paused_ = false;
+    report_progress_ = watch_progress_;
     if (resume_posted_) return;
     resume_posted_ = true;
     asio::post(executor_, [self = shared_from_this()] {
@@ -550,7 +557,9 @@ class TcpConnection final : public Connection,
       CloseWith("closed locally");
       return false;
     }
-    if (paused_ && handler_.get() && !closing_) handler_.get()->OnSendProgress();
+    if (report_progress_ && handler_.get() && !closing_) {
+      handler_.get()->OnSendProgress();
+    }
     return true;
   }
 
@@ -673,7 +682,9 @@ class TcpConnection final : public Connection,
   bool read_posted_ = false;  // ReadAndDeliver continues from a posted handler
   // Only while the kernel's send buffer is full (WaitWritable).
   std::unique_ptr<asio::posix::stream_descriptor> write_waiter_;
-  bool paused_ = false;  // PauseReceiving: deliver nothing, read nothing
+  bool paused_ = false;           // PauseReceiving: deliver nothing, read nothing
+  bool watch_progress_ = false;   // WatchSendProgress
+  bool report_progress_ = false;  // paused_ || watch_progress_: OnSendProgress is owed
   bool resume_posted_ = false;
   bool closing_ = false;  // CloseAfterSending: close once pending_ is written
 };
