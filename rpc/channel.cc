@@ -419,7 +419,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         co_return false;
       }
       if (Clock::now() >= s.stream_deadline) {
-        StopStream(index, StreamDeadlineStatus(s.timeout));
+        StopStream(index, WithQueueReason(StreamDeadlineStatus(s.timeout)));
         co_return false;
       }
       // Woken for the reader's sake: wait again.
@@ -563,7 +563,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       co_await Suspend(index, deadline);
       const bool woken = !slot.queued;
       if (!woken) waiting_.Remove(&slot);
-      Status gave_up = GaveUp(deadline, options, woken);
+      Status gave_up = WithQueueReason(GaveUp(deadline, options, woken));
       if (!gave_up.ok()) {
         FreeSlot(index);
         WakeWaiters();  // pass on any room this call was woken for
@@ -650,6 +650,16 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         "channel {}: {} bytes queued that the server has not taken (bound {}): calls "
         "and stream writes wait",
         target_, conn_->queued_send_bytes(), options_.max_queued_bytes);
+  }
+
+  // A deadline that passed while the caller waited for the send queue to go down says so: the
+  // server is reachable but not taking what we send, which "no reply" alone would hide.
+  Status WithQueueReason(Status s) const {
+    if (s.code() != StatusCode::kDeadlineExceeded || !send_full_ || !conn_) return s;
+    return Status(s.code(), s.message() + "; waiting to send: the server has not taken the " +
+                                std::to_string(conn_->queued_send_bytes()) +
+                                " bytes queued for it (ChannelOptions::max_queued_bytes " +
+                                std::to_string(options_.max_queued_bytes) + ")");
   }
 
   // The transport: queued bytes went out (reported while send_full_: WatchSendProgress). At

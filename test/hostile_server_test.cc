@@ -929,6 +929,7 @@ TEST_CASE(
   auto summary = call.Finish();
   REQUIRE_FALSE(summary.ok());
   CHECK(summary.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(summary.status().message(), Catch::Contains("the server has not taken"));
   // Unary calls on the same connection wait too (in order, within their deadlines) rather than
   // queue their requests without bound: none of these is sent.
   const int requests_before = server.requests();
@@ -936,6 +937,8 @@ TEST_CASE(
     auto r = Echo(stub, std::string(100'000, 'e'), {.timeout = 20ms});
     REQUIRE_FALSE(r.ok());
     REQUIRE(r.status().code() == StatusCode::kDeadlineExceeded);
+    if (i == 0) std::printf("a call while the queue is full: %s\n", r.status().ToString().c_str());
+    CHECK_THAT(r.status().message(), Catch::Contains("waiting to send"));
   }
   // Once the server reads again, what was queued drains and the channel serves calls again.
   REQUIRE(server.OnNewest([](transport::Connection& conn) { conn.ResumeReceiving(); }));
