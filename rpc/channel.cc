@@ -353,6 +353,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     slot.timeout = options.timeout;
     slot.wait_for_ready = options.wait_for_ready;
     slot.send_credit = static_cast<int64_t>(kStreamWindowBytes);
+    slot.unyielded_bytes = 0;
     if (Status s = co_await SendRequest(i, method, request, options, deadline); !s.ok()) {
       co_return s;
     }
@@ -404,6 +405,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     auto self = shared_from_this();
     if (!IsStream(index, generation)) co_return false;
     Slot& s = calls_[index];
+    if (s.unyielded_bytes >= kYieldEveryBytes) {
+      // A writer that never had to wait has had the thread for a while: the channel's other
+      // calls (and the loop's other channels) go first. As on the server (ServerStream::Write).
+      s.unyielded_bytes = 0;
+      co_await YieldTo(executor_);
+      if (!IsStream(index, generation)) co_return false;
+    }
     for (;;) {
       if (const StreamTry sent = WriteStep(index, message); sent != StreamTry::kWait) {
         co_return sent == StreamTry::kDone;
@@ -432,6 +440,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                            const google::protobuf::MessageLite& message) {
     if (!io_executor_ || !io_executor_->running_in_this_thread()) return StreamTry::kWait;
     if (!IsStream(index, generation)) return StreamTry::kOver;
+    if (calls_[index].unyielded_bytes >= kYieldEveryBytes) return StreamTry::kWait;  // its turn
     return WriteStep(index, message);
   }
 
@@ -460,6 +469,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     }
     if (!conn_->Send(writer)) return false;  // closing: the stream fails with UNAVAILABLE
     s.send_credit -= static_cast<int64_t>(writer.size());
+    s.unyielded_bytes += writer.size();
     NoteQueued(writer.size());
     return true;
   }
@@ -812,6 +822,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     // bytes (client-streaming calls) until FinishStream parses them.
     std::optional<Resumer> write_resume;
     int64_t send_credit = 0;
+    size_t unyielded_bytes = 0;  // sent since the writer last let the thread go (WriteStream)
     bool writes_done = false;
     std::string final_payload;
     // Streams with client interceptors: those that still have to hear the end (null: none, or

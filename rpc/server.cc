@@ -739,20 +739,6 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   std::unordered_map<uint64_t, CancelHook*> streams_;
 };
 
-// How much a server stream writes between two turns of its I/O thread's other work: large
-// enough that the turn costs nothing measurable (one post per 64 KiB), small enough that the
-// thread's other connections wait tens of microseconds, not milliseconds.
-constexpr size_t kYieldEveryBytes = 64 << 10;
-
-// `co_await YieldTo(ex)` lets the I/O thread run what is queued on `ex` (and look for other
-// connections' data) before the calling coroutine goes on. Parked, not a nested coroutine: no
-// frame to allocate.
-auto YieldTo(transport::Executor ex) {
-  return Park([ex = std::move(ex)](Resumer&& resume) {
-    asio::post(ex, [r = std::move(resume)]() mutable { std::move(r)(); });
-  });
-}
-
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
   for (;;) {
     if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;

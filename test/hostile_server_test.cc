@@ -946,3 +946,51 @@ TEST_CASE(
   // Before the bound, the 100 calls' requests (10 MB) were queued and reached the server now.
   CHECK(server.requests() - requests_before == 1);  // "after" alone
 }
+
+TEST_CASE(
+    "a client stream given unbounded credit shares its thread: the loop's other work runs "
+    "within every 64 KiB it writes",
+    "[hostile-server][stream]") {
+  // The mirror of hostile_test's server case: a server granting 2^42 bytes and reading all let a
+  // writer coroutine on the channel's own thread write without ever waiting, so nothing else on
+  // that loop (the channel's other calls, other channels) ran until it stopped. Probed by work
+  // the writer posts to its thread at its 300th message.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
+    if (r.header.flags & kRequestFlagClientStream) {
+      GrantUnboundedCredit(conn, r.header.call_id);
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  auto ch = Channel::ConnectBlocking(server.uri);
+  REQUIRE(ch.ok());
+  constexpr uint64_t kMessages = 5'000;
+  std::atomic<uint64_t> written{0};
+  std::atomic<int64_t> probe_ran_after{-1};
+  const bool all = (*ch)->Run([&]() -> asio::awaitable<bool> {
+    TestService::Stub stub(*ch);
+    auto call = co_await stub.Upload(CallOptions{.timeout = 30s});
+    EchoRequest m;
+    m.set_payload(std::string(1'000, 'u'));
+    for (uint64_t i = 0; i < kMessages; ++i) {
+      if (i == 300) {
+        asio::post(co_await asio::this_coro::executor,
+                   [&] { probe_ran_after = static_cast<int64_t>(written.load()) - 300; });
+      }
+      m.set_seq(i);
+      if (!co_await call.Write(m)) co_return false;
+      ++written;
+    }
+    call.Cancel();
+    co_return true;
+  }());
+  CHECK(all);
+  CHECK(Eventually([&] { return probe_ran_after.load() >= 0; }, 10'000ms));
+  INFO("the loop's other work ran after " << probe_ran_after.load() << " messages of 1,000 bytes");
+  // 64 KiB slices. Before: the rest of the stream, 4,700 messages.
+  CHECK(probe_ran_after.load() * 1'000 <= 80'000);
+  TestService::BlockingStub after(*ch);
+  ServedAfterwards(after, "after");
+}

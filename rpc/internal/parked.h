@@ -5,7 +5,9 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/version.hpp>
+#include <cstddef>
 #include <optional>
 #include <utility>
 
@@ -74,6 +76,21 @@ template <class Store>
 Parker<Store> Park(Store store) {
   return Parker<Store>{std::move(store)};
 }
+
+// `co_await YieldTo(ex)` lets `ex`'s thread run what is queued on it (an I/O thread also looks
+// for other connections' data on the way) before the calling coroutine goes on. Parked, so no
+// frame is allocated and, unlike a co_await on an awaitable, it does not throw when the
+// coroutine was cancelled meanwhile: the caller checks for that itself after it.
+inline auto YieldTo(boost::asio::any_io_executor ex) {
+  return Park([ex = std::move(ex)](Resumer&& resume) {
+    boost::asio::post(ex, [r = std::move(resume)]() mutable { std::move(r)(); });
+  });
+}
+
+// How much a stream writer that never has to wait (credit and room to spare) writes between two
+// YieldTo: large enough that the turn costs nothing measurable (one post per 64 KiB), small
+// enough that the other work of its thread waits tens of microseconds, not milliseconds.
+inline constexpr size_t kYieldEveryBytes = 64 << 10;
 
 // Takes the Resumer out of `parked` (which holds one), leaving it empty. Take it out before
 // resuming or destroying it: either may free whatever holds `parked`.

@@ -471,7 +471,17 @@ def main():
       "per call). Timed, 12 interleaved rounds of the starting build and the parse change "
       "(3 s each, `rdmarpc_bench --duration 3 --warmup 1`): depth-1 p50 ratio 1.007, depth-32 "
       "calls/s ratio 1.005 (per-round 0.86-1.18): within this host's noise, as a 4% cut in "
-      "server instructions would be at depth 1.")
+      "server instructions would be at depth 1. Then (2026-12-05, twenty-fourth session) the "
+      "channel's send-queue bound (`ChannelOptions::max_queued_bytes`: a byte count and a "
+      "compare per request, a flag in the admission test) and the stream writers' yield every "
+      "64 KiB on both sides: by hand, `callgrind_pair` on the builds before and after, in one "
+      "hour: client 2,463 -> 2,472, server 2,726 -> 2,726, at 1.00 sleeps per call. Streams "
+      "over TCP, 4 interleaved rounds of each build in a quiet moment (`rdmarpc_bench --stream "
+      "--response-bytes N` / `--upload --request-bytes 64`, 3 s each): server stream 64 B "
+      "6.89-7.18 -> 7.30-7.40 M messages/s, 64 KiB 52.3-53.6 -> 58.6-60.8 k messages/s, client "
+      "stream 64 B 7.01-7.22 -> 9.30-9.85 M messages/s: the yield lets the transport write "
+      "what a stretch queued while the writer goes on (before, a window's worth left in one "
+      "burst when the writer ran out of credit), so the reader's WINDOW comes back sooner.")
     w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
       "1500-byte link: `ibv_devinfo` active_mtu 1024), so perftest's 4,096-byte write is "
       "exactly four packets, while rdmarpc's record carries the 4,096-byte payload plus about "
