@@ -71,7 +71,11 @@ class ServerContext {
   }
   const Metadata& metadata() const { return metadata_; }
   // True once the caller cancelled the call (explicitly, or because its deadline passed). The
-  // runtime also cancels what the handler is awaiting; no reply is delivered after this.
+  // runtime also cancels what the handler is awaiting; no reply is delivered after this. As Asio
+  // does for any cancelled coroutine, a later co_await in the handler on an Asio operation or
+  // another awaitable throws boost::system::system_error (operation_aborted) rather than start
+  // (harmless: nothing the handler returns is delivered any more); the stream handles' Read and
+  // Write return false instead.
   bool cancelled() const { return cancelled_; }
   // For server interceptors (rpc/interceptor.h): metadata the handler will see as if the caller
   // had sent it, e.g. the identity an authentication interceptor established.
