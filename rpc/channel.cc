@@ -105,7 +105,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void Adopt(std::shared_ptr<transport::Connection> conn) {
     conn_ = std::move(conn);
     state_ = State::kHandshaking;
-    send_full_ = false;
+    send_full_ = false;  // the send-queue bound starts over with each connection
     unmeasured_bytes_ = 0;
     goaway_.reset();
     idle_goaway_ = false;
@@ -650,9 +650,10 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     if (unmeasured_bytes_ >= queue_check_bytes_) [[unlikely]]
       MeasureQueue();
   }
+  // (Never reached without a bound: queue_check_bytes_ is then SIZE_MAX.)
   [[gnu::noinline]] void MeasureQueue() {
     unmeasured_bytes_ = 0;
-    if (options_.max_queued_bytes == 0 || send_full_ || !conn_) return;
+    if (send_full_ || !conn_) return;
     if (conn_->queued_send_bytes() <= options_.max_queued_bytes) return;
     send_full_ = true;
     conn_->WatchSendProgress(true);
@@ -683,7 +684,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     WakeWaiters();
     for (uint32_t i = 0; i < calls_.size(); ++i) {
       Slot& s = calls_[i];
-      if (s.active && s.write_resume) ResumeWaiter(s, &Slot::write_resume);
+      if (s.active) ResumeWaiter(s, &Slot::write_resume);  // (if one waits)
     }
   }
 
@@ -726,9 +727,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   void OnClose(const transport::Error& reason) override {
     keepalive_.Stop();
     handshake_timer_.cancel();
-    conn_.reset();       // breaks the connection <-> handler cycle
-    send_full_ = false;  // the next connection's queue starts empty
-    unmeasured_bytes_ = 0;
+    conn_.reset();  // breaks the connection <-> handler cycle
     FailSent(reason.message);
     const State before = state_;
     // The server closed an idle connection (GOAWAY flagged idle): nothing is wrong; reconnect
@@ -1459,7 +1458,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // The send-queue bound (ChannelOptions::max_queued_bytes): bytes sent since the queue was
   // last measured (it is measured every queue_check_bytes_, not on every send: a virtual call),
   // and whether it was found over the bound -- calls and stream writers then wait until the
-  // transport reports it at half (OnSendProgress). Per connection: cleared when it goes.
+  // transport reports it at half (OnSendProgress). Per connection: cleared by Adopt (without a
+  // connection nothing reads them: every use needs conn_ or a ready state).
   size_t unmeasured_bytes_ = 0;
   size_t queue_check_bytes_ = 0;
   bool send_full_ = false;

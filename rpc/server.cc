@@ -741,7 +741,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
   for (;;) {
-    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
+    if (Over()) co_return false;
     if (call_.hook().credit > 0 && !call_.sink()->OverBudget()) break;
     // Out of credit: wait for the caller's WINDOW (or its cancel, or the connection's end).
     // Over the connection's budget: wait for its client to take what is queued.
@@ -766,7 +766,7 @@ asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& m
     // Cancelled (or the connection gone) meanwhile: the call is over, and the handler must hear
     // it from this Write -- its next co_await would throw operation_aborted (Asio's rule for a
     // coroutine whose cancellation state is cancelled) instead of returning false.
-    if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) co_return false;
+    if (Over()) co_return false;
   }
   co_return true;
 }
@@ -787,9 +787,7 @@ asio::awaitable<bool> ServerStream::Read(google::protobuf::MessageLite& out) {
 
 StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   StreamInbox& in = *call_.hook().inbox;
-  if (!error_.ok() || call_.sink() == nullptr || call_.context().cancelled()) {
-    return StreamTry::kOver;
-  }
+  if (Over()) return StreamTry::kOver;
   if (in.messages.empty()) return in.ended ? StreamTry::kOver : StreamTry::kWait;
   const size_t bytes = in.messages.FrontSize();
   const bool parsed = in.messages.PopInto(out);

@@ -890,6 +890,24 @@ TEST_CASE(
   CHECK(r->payload() == "after the random frames");
 }
 
+namespace {
+
+// A script that grants every client stream unbounded credit as it opens (GrantUnboundedCredit)
+// and answers Echo honestly; with `then_read_nothing`, the connection takes nothing more from
+// the client after the grant.
+Script GreedyClientStreams(bool then_read_nothing) {
+  return [then_read_nothing](transport::Connection& conn, const SeenRequest& r) {
+    if (!(r.header.flags & kRequestFlagClientStream)) {
+      AnswerEcho(conn, r);
+      return;
+    }
+    GrantUnboundedCredit(conn, r.header.call_id);
+    if (then_read_nothing) conn.PauseReceiving();
+  };
+}
+
+}  // namespace
+
 TEST_CASE(
     "a server that grants a client stream unbounded credit and reads nothing cannot grow the "
     "client's memory",
@@ -899,14 +917,7 @@ TEST_CASE(
   // (ChannelOptions::max_queued_bytes) makes the writer wait instead, within its deadline.
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
-  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
-    if (!(r.header.flags & kRequestFlagClientStream)) {
-      AnswerEcho(conn, r);
-      return;
-    }
-    GrantUnboundedCredit(conn, r.header.call_id);
-    conn.PauseReceiving();  // from now on, nothing the client sends is taken
-  });
+  ScriptedServer server(listen, GreedyClientStreams(/*then_read_nothing=*/true));
   ChannelOptions co;
   co.max_queued_bytes = 1 << 20;
   auto stub = ConnectTo(server, co);
@@ -957,13 +968,7 @@ TEST_CASE(
   // the writer posts to its thread at its 300th message.
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   INFO("over " << listen);
-  ScriptedServer server(listen, [](transport::Connection& conn, const SeenRequest& r) {
-    if (r.header.flags & kRequestFlagClientStream) {
-      GrantUnboundedCredit(conn, r.header.call_id);
-      return;
-    }
-    AnswerEcho(conn, r);
-  });
+  ScriptedServer server(listen, GreedyClientStreams(/*then_read_nothing=*/false));
   auto ch = Channel::ConnectBlocking(server.uri);
   REQUIRE(ch.ok());
   constexpr uint64_t kMessages = 5'000;

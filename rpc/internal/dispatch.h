@@ -287,6 +287,12 @@ class ServerStream {
   const Status& error() const { return error_; }
 
  private:
+  // The stream can carry nothing more: a message failed (error_), the connection went, or the
+  // caller cancelled.
+  bool Over() const {
+    return !error_.ok() || call_.sink() == nullptr || call_.context().cancelled();
+  }
+
   ServerCall& call_;
   Status error_;
   // Frame bytes written since the handler last let its I/O thread go (see kYieldEveryBytes).
