@@ -3,12 +3,16 @@
 #include <chrono>
 #include <future>
 
+#include "transport/factory.h"
+
 namespace rdmarpc {
 
 namespace {
 // How long the destructor lets the loop finish by itself before stopping it.
 constexpr auto kDrainLimit = std::chrono::milliseconds(200);
 }  // namespace
+
+void RunLoop(boost::asio::io_context& ioc) { transport::RunEventLoop(ioc); }
 
 EventLoopThread::EventLoopThread(bool start)
     : ioc_(std::make_unique<boost::asio::io_context>(kLoopConcurrencyHint)),
@@ -21,7 +25,7 @@ void EventLoopThread::Start() {
   std::promise<void> ran;
   finished_ = ran.get_future();
   thread_ = std::thread([ctx = ioc_.get(), ran = std::move(ran)]() mutable {
-    ctx->run();
+    RunLoop(*ctx);
     ran.set_value();
   });
 }

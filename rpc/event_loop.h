@@ -1,6 +1,6 @@
-// EventLoopThread: one io_context run by one dedicated thread. Used by blocking clients
-// (Channel::ConnectBlocking), tests, and the server, whose I/O threads are each one of these
-// (IoThread in server.cc adds its handler pool and connection set).
+// EventLoopThread: one io_context run by one dedicated thread, with RunLoop (below). Used by
+// blocking clients (Channel::ConnectBlocking), tests, and the server, whose I/O threads are each
+// one of these (IoThread in server.cc adds its handler pool and connection set).
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -22,6 +22,17 @@ namespace rdmarpc {
 // descriptors for that reason. An io_context of your own that runs channels may use this hint
 // if its other I/O objects follow the same rule; if unsure, construct it with 1.
 inline constexpr int kLoopConcurrencyHint = BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO;
+
+// Runs `ioc` on the calling thread as ioc.run() does -- until it is stopped or runs out of work
+// -- with rdmarpc's own event loop, which hands a connection's data to rdmarpc without going
+// through Asio's scheduler (~300 instructions less per wake-up, about a tenth of a small call's
+// cost). Everything else behaves as under run(): timers, Asio sockets, handlers posted from any
+// thread. Use it for an io_context whose thread serves channels (the server's I/O threads and
+// EventLoopThread use it). Rules: one thread at a time; once run this way, an io_context must
+// be run only this way (connections made on it are watched by the loop, no longer by Asio's
+// reactor). Throws std::system_error if the loop cannot be set up; a handler's exception leaves
+// it as it leaves run().
+void RunLoop(boost::asio::io_context& ioc);
 
 class EventLoopThread {
  public:

@@ -3,6 +3,7 @@
 
 #include "rpc/channel.h"
 #include "rpc/context.h"
+#include "rpc/event_loop.h"
 #include "rpc/logging.h"
 #include "rpc/server.h"
 #include "rpc/service.h"

@@ -3,18 +3,30 @@
 // removal at any moment (from inside its own event too, and of another descriptor whose event
 // is already pending); the descriptor closed only once the reactor has let go of it;
 // registrations that do not keep run() going by themselves; clients told and released when the
-// io_context goes away.
+// io_context goes away. Then the loop of our own (RunOwnLoop): the same readiness, and Asio run
+// beside it as under run() -- handlers posted from other threads while it sleeps, timers, Asio's
+// own descriptors, stop(), running out of work, fairness between the two.
 #include "transport/poller.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <utility>
 
 namespace rdmarpc::transport {
@@ -175,6 +187,245 @@ TEST_CASE("a descriptor that cannot be watched is refused with errno", "[poller]
   CHECK(Poller::For(ioc.get_executor()).Add(-1, rec, &error) == nullptr);
   CHECK(error == EBADF);
   CHECK(rec.use_count() == 1);
+}
+
+// The loop of our own, run on a thread of the test's: RunOwnLoop's result (or what it threw).
+struct OwnLoopThread {
+  asio::io_context ioc{1};
+  std::atomic<bool> returned{false};
+  std::string threw;
+  std::thread thread;
+  void Start() {
+    thread = std::thread([this] {
+      try {
+        Poller::RunOwnLoop(ioc);
+      } catch (const std::exception& e) {
+        threw = e.what();
+      }
+      returned = true;
+    });
+  }
+  ~OwnLoopThread() {
+    if (thread.joinable()) {
+      ioc.stop();
+      thread.join();
+    }
+  }
+  void Join() { thread.join(); }
+};
+
+// Waits up to 5 s for `done`.
+template <class F>
+bool Eventually(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// A Recorder whose count other threads may read.
+struct CountingClient final : Poller::Client {
+  int fd;
+  std::atomic<int> reads{0};
+  std::function<void()> on_ready;
+  explicit CountingClient(int f) : fd(f) {}
+  void OnReady(bool) override {
+    char buf[64];
+    while (::read(fd, buf, sizeof buf) > 0) {
+    }
+    ++reads;
+    if (on_ready) on_ready();
+  }
+};
+
+TEST_CASE(
+    "the loop of our own reports readiness once per edge and runs what other threads post "
+    "while it sleeps",
+    "[poller][own_loop]") {
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  Pair early, p;
+  // Added before the loop runs (watched by the reactor until then): it moves over, and what
+  // is pending on it is reported.
+  REQUIRE(early.Write());
+  auto early_client = std::make_shared<CountingClient>(early.fd[0]);
+  int error = 0;
+  REQUIRE(Poller::For(loop.ioc.get_executor()).Add(early.fd[0], early_client, &error));
+  loop.Start();
+  CHECK(Eventually([&] { return early_client->reads == 1; }));
+
+  auto client = std::make_shared<CountingClient>(p.fd[0]);
+  std::promise<Poller::Registration*> added;
+  asio::post(loop.ioc, [&] {
+    added.set_value(Poller::For(loop.ioc.get_executor()).Add(p.fd[0], client, &error));
+  });
+  Poller::Registration* reg = added.get_future().get();
+  REQUIRE(reg != nullptr);
+  for (int i = 1; i <= 3; ++i) {
+    REQUIRE(p.Write());
+    CHECK(Eventually([&] { return client->reads == i; }));
+    // The loop sleeps now (nothing else to do): a post from this thread must wake it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::atomic<bool> ran{false};
+    asio::post(loop.ioc, [&] { ran = true; });
+    CHECK(Eventually([&] { return ran.load(); }));
+  }
+  CHECK(client->reads == 3);  // once per edge, none spurious
+  CHECK(early_client->reads == 1);
+
+  // Removed from the loop's thread: closed, and the peer sees it.
+  std::promise<std::shared_ptr<Poller::Client>> removed;
+  asio::post(loop.ioc,
+             [&] { removed.set_value(Poller::For(loop.ioc.get_executor()).Remove(reg)); });
+  CHECK(removed.get_future().get() == client);
+  CHECK_FALSE(p.Write());
+  // stop() from another thread while it sleeps ends it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  loop.ioc.stop();
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+  CHECK(loop.threw.empty());
+}
+
+TEST_CASE("beside the loop of our own, Asio's timers, descriptors and handlers run as under run()",
+          "[poller][own_loop]") {
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  loop.Start();
+  std::atomic<int> step{0};
+
+  // A timer wakes the sleeping loop.
+  asio::steady_timer timer(loop.ioc, std::chrono::milliseconds(30));
+  timer.async_wait([&](boost::system::error_code ec) {
+    if (!ec) step = 1;
+  });
+  CHECK(Eventually([&] { return step == 1; }));
+
+  // One of Asio's own descriptors (in its reactor) is reported through the loop.
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0);
+  asio::posix::stream_descriptor read_end(loop.ioc, fds[0]);
+  read_end.async_wait(asio::posix::stream_descriptor::wait_read, [&](boost::system::error_code ec) {
+    if (!ec) step = 2;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(::write(fds[1], "x", 1) == 1);
+  CHECK(Eventually([&] { return step == 2; }));
+
+  // From inside a descriptor's event: dispatch() runs inline, as in a handler under run(), and
+  // what it posts runs before the loop sleeps (no other event comes to wake it).
+  Pair p;
+  auto client = std::make_shared<CountingClient>(p.fd[0]);
+  std::atomic<bool> inline_dispatch{false}, posted_ran{false};
+  client->on_ready = [&] {
+    bool inside = true;
+    asio::dispatch(loop.ioc, [&] { inline_dispatch = inside; });
+    inside = false;
+    asio::post(loop.ioc, [&] { posted_ran = true; });
+  };
+  int error = 0;
+  std::promise<Poller::Registration*> added;
+  asio::post(loop.ioc, [&] {
+    added.set_value(Poller::For(loop.ioc.get_executor()).Add(p.fd[0], client, &error));
+  });
+  REQUIRE(added.get_future().get() != nullptr);
+  REQUIRE(p.Write());
+  CHECK(Eventually([&] { return posted_ran.load(); }));
+  CHECK(inline_dispatch);
+
+  // Running out of work ends it, as run() does (the registration is not work of its own).
+  asio::post(loop.ioc, [&] { read_end.close(); });
+  work.reset();
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+  CHECK(loop.threw.empty());
+  ::close(fds[1]);
+}
+
+TEST_CASE("the loop of our own lets a descriptor in between handlers that post themselves again",
+          "[poller][own_loop]") {
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  // A handler that posts itself again forever (a spin, a yield), until told to stop.
+  std::atomic<bool> stop_spinning{false};
+  std::atomic<long> spins{0};
+  std::function<void()> spin = [&] {
+    ++spins;
+    if (!stop_spinning) asio::post(loop.ioc, spin);
+  };
+  asio::post(loop.ioc, spin);
+  Pair p;
+  auto client = std::make_shared<CountingClient>(p.fd[0]);
+  client->on_ready = [&] { stop_spinning = true; };
+  int error = 0;
+  REQUIRE(Poller::For(loop.ioc.get_executor()).Add(p.fd[0], client, &error));
+  loop.Start();
+  REQUIRE(Eventually([&] { return spins > 1000; }));
+  REQUIRE(p.Write());
+  CHECK(Eventually([&] { return client->reads == 1; }));
+  CHECK(stop_spinning);
+  work.reset();
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+}
+
+TEST_CASE("the loop of our own closes a descriptor removed in its own event only after it",
+          "[poller][own_loop]") {
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  Pair a, b;
+  auto ca = std::make_shared<CountingClient>(a.fd[0]);
+  auto cb = std::make_shared<CountingClient>(b.fd[0]);
+  Poller& poller = Poller::For(loop.ioc.get_executor());
+  int error = 0;
+  Poller::Registration* reg_a = poller.Add(a.fd[0], ca, &error);
+  Poller::Registration* reg_b = poller.Add(b.fd[0], cb, &error);
+  REQUIRE((reg_a && reg_b));
+  // Whichever runs first removes both (the other's event may be in the same batch: it must not
+  // reach it); the descriptor stays open to the end of the client's own OnReady.
+  std::shared_ptr<Poller::Client> held_a, held_b;
+  std::atomic<bool> open_inside{false};
+  auto remove_both = [&](int own_fd) {
+    if (reg_a) held_a = poller.Remove(std::exchange(reg_a, nullptr));
+    if (reg_b) held_b = poller.Remove(std::exchange(reg_b, nullptr));
+    open_inside = IsOpen(own_fd);
+  };
+  ca->on_ready = [&] { remove_both(a.fd[0]); };
+  cb->on_ready = [&] { remove_both(b.fd[0]); };
+  REQUIRE(a.Write());
+  REQUIRE(b.Write());
+  loop.Start();
+  CHECK(Eventually([&] { return ca->reads + cb->reads >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  work.reset();
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+  CHECK(ca->reads + cb->reads == 1);
+  CHECK(held_a == ca);
+  CHECK(held_b == cb);
+  CHECK(open_inside);
+  CHECK_FALSE(a.Write());  // both closed
+  CHECK_FALSE(b.Write());
+}
+
+TEST_CASE("a handler that throws inside the loop of our own leaves it, as it leaves run()",
+          "[poller][own_loop]") {
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  Pair p;
+  auto client = std::make_shared<CountingClient>(p.fd[0]);
+  client->on_ready = [&] {
+    asio::dispatch(loop.ioc, [] { throw std::runtime_error("handler failed"); });
+  };
+  int error = 0;
+  REQUIRE(Poller::For(loop.ioc.get_executor()).Add(p.fd[0], client, &error));
+  loop.Start();
+  REQUIRE(p.Write());
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+  CHECK(loop.threw == "handler failed");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "transport/factory.h"
 
 #include "transport/inproc/inproc_transport.h"
+#include "transport/poller.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/uri.h"
@@ -34,5 +35,7 @@ boost::asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const std:
   }
   co_return co_await tcp::Connect(ep.value(), executor, options);
 }
+
+void RunEventLoop(boost::asio::io_context& ioc) { Poller::RunOwnLoop(ioc); }
 
 }  // namespace rdmarpc::transport

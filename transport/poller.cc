@@ -3,19 +3,31 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <boost/asio/detail/call_stack.hpp>
 #include <boost/asio/detail/epoll_reactor.hpp>
+#include <boost/asio/detail/op_queue.hpp>
 #include <boost/asio/detail/reactor_op.hpp>
+#include <boost/asio/detail/scheduler.hpp>
+#include <boost/asio/detail/scheduler_thread_info.hpp>
+#include <boost/asio/detail/thread_context.hpp>
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/query.hpp>
 #include <boost/version.hpp>
 #include <cerrno>
+#include <stdexcept>
+#include <system_error>
 
 // The detail API used below (epoll_reactor's internal descriptors, reactor_op) was read in this
 // version; another one must be checked before this is built against it.
 static_assert(BOOST_VERSION == 108100, "transport/poller.cc uses Boost.Asio 1.81's detail API");
 #if !defined(BOOST_ASIO_HAS_EPOLL) || defined(BOOST_ASIO_HAS_IO_URING_AS_DEFAULT)
 #error "transport/poller.cc needs Asio's epoll reactor"
+#endif
+#if !defined(BOOST_ASIO_HAS_TIMERFD)
+// The loop of our own sleeps outside the reactor's epoll_wait: Asio's timers must wake it
+// through a timerfd in the reactor's set, not through that wait's timeout.
+#error "transport/poller.cc needs Asio's reactor to keep its timers in a timerfd"
 #endif
 
 namespace rdmarpc::transport {
@@ -58,6 +70,39 @@ struct EventsOf : asio::detail::scheduler_operation {
   static constexpr unsigned int asio::detail::scheduler_operation::*kTaskResult =
       &EventsOf::task_result_;
 };
+
+// Private members of Asio's scheduler and reactor that the loop of our own needs (poller.h),
+// named through explicit instantiation, which may name private members.
+template <typename Tag, typename Tag::type kMember>
+struct Reach {
+  friend typename Tag::type Member(Tag) { return kMember; }
+};
+using Scheduler = asio::detail::scheduler;
+struct SchedulerMutex {
+  using type = asio::detail::conditionally_enabled_mutex Scheduler::*;
+  friend type Member(SchedulerMutex);
+};
+struct SchedulerQueue {
+  using type = asio::detail::op_queue<asio::detail::scheduler_operation> Scheduler::*;
+  friend type Member(SchedulerQueue);
+};
+struct TaskInterrupted {
+  using type = bool Scheduler::*;
+  friend type Member(TaskInterrupted);
+};
+struct SchedulerStopped {
+  using type = bool Scheduler::*;
+  friend type Member(SchedulerStopped);
+};
+struct ReactorEpoll {
+  using type = int Reactor::*;
+  friend type Member(ReactorEpoll);
+};
+template struct Reach<SchedulerMutex, &Scheduler::mutex_>;
+template struct Reach<SchedulerQueue, &Scheduler::op_queue_>;
+template struct Reach<TaskInterrupted, &Scheduler::task_interrupted_>;
+template struct Reach<SchedulerStopped, &Scheduler::stopped_>;
+template struct Reach<ReactorEpoll, &Reactor::epoll_fd_>;
 }  // namespace
 
 Poller::Op::status Poller::Op::Perform(reactor_op* base) {
@@ -85,7 +130,10 @@ Poller::Poller(asio::execution_context& context) : asio::execution_context::serv
   reactor.init_task();
 }
 
-Poller::~Poller() { shutdown(); }
+Poller::~Poller() {
+  shutdown();
+  if (own_epoll_ >= 0) ::close(own_epoll_);
+}
 
 void Poller::shutdown() {
   if (shut_down_) return;
@@ -112,7 +160,18 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
   }
   auto* r = new Registration(fd);
   auto* reactor = static_cast<Reactor*>(reactor_);
-  if (int e = reactor->register_internal_descriptor(Reactor::read_op, fd, r->data, &r->op)) {
+  if (own_epoll_ >= 0) {
+    // The reactor's flags for its internal descriptors (edge-triggered).
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;
+    ev.data.ptr = r;
+    if (::epoll_ctl(own_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      *error = errno;
+      delete r;
+      ::close(fd);
+      return nullptr;
+    }
+  } else if (int e = reactor->register_internal_descriptor(Reactor::read_op, fd, r->data, &r->op)) {
     // The op was queued on the state before epoll_ctl failed: take it off (deregistering does,
     // destroying it, which does nothing) before the state goes back to the reactor's pool and
     // the op's memory is freed.
@@ -134,7 +193,7 @@ std::shared_ptr<Poller::Client> Poller::Remove(Registration* r) {
   if (shut_down_ || r == nullptr || r->removed) return nullptr;
   r->removed = true;
   std::shared_ptr<Client> client = std::move(r->client);
-  if (!r->in_ready) {
+  if (!r->in_ready || own_epoll_ >= 0) {
     Deregister(r);
   } else {
     // Deregistering takes the descriptor's lock, which the reactor holds around OnReady.
@@ -146,14 +205,150 @@ std::shared_ptr<Poller::Client> Poller::Remove(Registration* r) {
 }
 
 void Poller::Deregister(Registration* r) {
-  auto* reactor = static_cast<Reactor*>(reactor_);
-  reactor->deregister_internal_descriptor(r->fd, r->data);
-  reactor->cleanup_descriptor_data(r->data);
-  ::close(r->fd);
+  if (own_epoll_ >= 0) {
+    epoll_event ev{};
+    ::epoll_ctl(own_epoll_, EPOLL_CTL_DEL, r->fd, &ev);
+  } else {
+    auto* reactor = static_cast<Reactor*>(reactor_);
+    reactor->deregister_internal_descriptor(r->fd, r->data);
+    reactor->cleanup_descriptor_data(r->data);
+  }
   if (r->prev) r->prev->next = r->next;
   if (r->next) r->next->prev = r->prev;
   if (live_ == r) live_ = r->next;
-  delete r;
+  if (in_batch_) {
+    // A later event of the batch being handled may point at it, and its client may still be
+    // inside OnReady with the descriptor: closed and freed once the batch is done.
+    r->removed = true;
+    r->next = removed_in_batch_;
+    removed_in_batch_ = r;
+  } else {
+    ::close(r->fd);
+    delete r;
+  }
+}
+
+void Poller::RunOwnLoop(asio::io_context& ioc) {
+  Poller& p = asio::use_service<Poller>(ioc);
+  if (p.own_epoll_ < 0) p.StartOwnLoop();
+  p.Run(ioc);
+}
+
+void Poller::StartOwnLoop() {
+  const int epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+  // The reactor's set, level-triggered: readable while the reactor has events to collect (its
+  // timerfd, Asio's own descriptors, the interrupter a post from another thread sets off).
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  auto* reactor = static_cast<Reactor*>(reactor_);
+  if (::epoll_ctl(epfd, EPOLL_CTL_ADD, reactor->*Member(ReactorEpoll{}), &ev) != 0) {
+    const int e = errno;
+    ::close(epfd);
+    throw std::system_error(e, std::generic_category(), "epoll_ctl(reactor)");
+  }
+  own_epoll_ = epfd;
+  // Descriptors added while the reactor watched them move over (what is pending on them is
+  // reported again: their new registration is edge-triggered from its start).
+  for (Registration* r = live_; r != nullptr; r = r->next) {
+    if (r->removed) continue;
+    reactor->deregister_internal_descriptor(r->fd, r->data);
+    reactor->cleanup_descriptor_data(r->data);
+    epoll_event moved{};
+    moved.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;
+    moved.data.ptr = r;
+    if (::epoll_ctl(own_epoll_, EPOLL_CTL_ADD, r->fd, &moved) != 0) {
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl(descriptor)");
+    }
+  }
+}
+
+void Poller::Run(asio::io_context& ioc) {
+  Scheduler& scheduler = asio::use_service<Scheduler>(ioc);
+  auto& mutex = scheduler.*Member(SchedulerMutex{});
+  auto& queue = scheduler.*Member(SchedulerQueue{});
+  bool& task_interrupted = scheduler.*Member(TaskInterrupted{});
+  const bool& stopped = scheduler.*Member(SchedulerStopped{});
+  using Access = asio::detail::op_queue_access;
+  // The thread as Asio's handlers see it while the loop handles a batch of events, as if inside
+  // run(): dispatch() runs inline, a post goes to this thread's private queue without a lock,
+  // handler memory is recycled through it. Lives as long as the loop (its recycled blocks).
+  asio::detail::scheduler_thread_info batch_thread;
+  batch_thread.private_outstanding_work = 0;
+  struct BatchEnd {
+    Poller* p;
+    ~BatchEnd() {
+      p->in_batch_ = false;
+      while (Registration* r = p->removed_in_batch_) {
+        p->removed_in_batch_ = r->next;
+        ::close(r->fd);
+        delete r;
+      }
+    }
+  };
+  constexpr int kMaxEvents = 64;
+  // Asio's handlers run at most this many at a time before the descriptors get their turn: a
+  // handler that posts itself again (a spin, a stream's yield) must not hold them off.
+  constexpr int kAsioBurst = 64;
+  epoll_event events[kMaxEvents];
+  bool run_asio = true;  // what was posted before the loop started
+  for (;;) {
+    if (run_asio) {
+      for (int i = 0; i < kAsioBurst && ioc.poll_one() != 0; ++i) {
+      }
+      // Stopped, or out of work (poll_one() stops it then, as run() does).
+      if (ioc.stopped()) return;
+      asio::detail::conditionally_enabled_mutex::scoped_lock lock(mutex);
+      // Only the reactor's task left queued (it always is, between polls): sleep, with the
+      // flag clear, so that a post or stop() from any thread interrupts the reactor, whose set
+      // then wakes this loop. Anything more is either left from a full burst or came in from
+      // another thread while the flag was still set (no interrupt), and so may a stop(): take
+      // the descriptors' events without sleeping, then poll again.
+      if (!stopped && Access::front(queue) == Access::back(queue)) {
+        task_interrupted = false;
+        run_asio = false;
+      }
+    }
+    const int n = ::epoll_wait(own_epoll_, events, kMaxEvents, run_asio ? 0 : -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "epoll_wait");
+    }
+    {
+      asio::detail::call_stack<asio::detail::thread_context,
+                               asio::detail::thread_info_base>::context in_loop(&scheduler,
+                                                                                batch_thread);
+      in_batch_ = true;
+      BatchEnd end{this};
+      for (int i = 0; i < n; ++i) {
+        auto* r = static_cast<Registration*>(events[i].data.ptr);
+        if (r == nullptr) {
+          run_asio = true;
+          continue;
+        }
+        if (r->removed) continue;
+        r->in_ready = true;
+        struct Reset {
+          Registration* r;
+          ~Reset() { r->in_ready = false; }
+        } reset{r};
+        r->client->OnReady((events[i].events & (EPOLLERR | EPOLLHUP)) != 0);
+      }
+    }
+    // A handler dispatched inline in the batch that threw: out of the loop, as out of run().
+    batch_thread.rethrow_pending_exception();
+    if (!batch_thread.private_op_queue.empty() || batch_thread.private_outstanding_work > 0) {
+      // Handlers the batch posted: hand them and their work count to the scheduler, as its own
+      // run() does after each handler, and run them before sleeping.
+      asio::detail::conditionally_enabled_mutex::scoped_lock lock(mutex);
+      for (; batch_thread.private_outstanding_work > 0; --batch_thread.private_outstanding_work) {
+        scheduler.work_started();
+      }
+      queue.push(batch_thread.private_op_queue);
+      run_asio = true;
+    }
+  }
 }
 
 }  // namespace rdmarpc::transport

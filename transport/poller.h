@@ -14,12 +14,25 @@
 // version this project builds with (Debian 12's 1.81), and clients run inside the reactor's
 // processing of their own descriptor, with that descriptor's lock held; hence Remove's rules.
 //
+// The loop of our own (RunOwnLoop): for an io_context that rdmarpc runs itself (its server's I/O
+// threads, EventLoopThread) the wake-ups through Asio's scheduler -- its mutex taken twice, the
+// descriptor's state queued and dequeued, perform_io -- were ~350 instructions of each
+// message's ~2,700 on the server. Such a loop blocks in an epoll set of its own instead, with
+// the registered descriptors in it and the reactor's epoll set nested in it: a message's
+// descriptor is handled straight from epoll_wait, and Asio (timers, its own sockets, handlers
+// posted from any thread) is run with poll() only when the reactor's set says it has something
+// or a handler was queued. That needs Asio's scheduler to interrupt its reactor for a post from
+// another thread while the loop sleeps outside it, which Asio does only when its
+// task_interrupted_ flag is clear: the loop clears it, under the scheduler's lock, before it
+// sleeps (private members, reached as the descriptor's events are, below).
+//
 // Threading: a Poller belongs to one io_context (an Asio service); Add, Remove and the events
 // happen on that io_context's thread, which must be a single thread (as for every transport
 // connection, transport.h).
 #pragma once
 
 #include <boost/asio/execution_context.hpp>
+#include <boost/asio/io_context.hpp>
 #include <memory>
 
 #include "transport/transport.h"
@@ -70,15 +83,31 @@ class Poller final : public boost::asio::execution_context::service {
   // from a posted handler. `r` is invalid afterwards. After the io_context's shutdown: nothing.
   std::shared_ptr<Client> Remove(Registration* r);
 
+  // Runs `ioc` on the calling thread as io_context::run() would (until it is stopped or runs
+  // out of work), with the loop of our own described above; descriptors added before move
+  // over. From then on the io_context must be run only this way (its descriptors are no longer
+  // in the reactor's set), by one thread at a time. Handlers may throw out of it, as out of
+  // run(); std::system_error if the epoll set cannot be made.
+  static void RunOwnLoop(boost::asio::io_context& ioc);
+
  private:
   struct Op;
   void shutdown() override;
   void Deregister(Registration* r);  // and close its fd, and free it
 
+  void StartOwnLoop();
+  void Run(boost::asio::io_context& ioc);
+
   void* reactor_ = nullptr;  // boost::asio::detail::epoll_reactor
   Executor executor_;
   Registration* live_ = nullptr;  // registered (removed ones included until deregistered)
   bool shut_down_ = false;
+  // The loop of our own: its epoll set (-1: the reactor's mode), whether it is handling a
+  // batch of events (Remove then keeps the registration until the batch is done: a later event
+  // of the batch may point at it), and the registrations so kept.
+  int own_epoll_ = -1;
+  bool in_batch_ = false;
+  Registration* removed_in_batch_ = nullptr;
 };
 
 }  // namespace rdmarpc::transport

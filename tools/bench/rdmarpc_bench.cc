@@ -414,7 +414,7 @@ StreamOut RunStreamBody(const ClientConfig& cfg, Body body) {
         co_return co_await body(stub);
       },
       asio::use_future);
-  ioc.run();
+  rdmarpc::RunLoop(ioc);
   return f.get();
 }
 
@@ -482,7 +482,7 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
   Shared shared;
   Worker w;
   auto guard = asio::make_work_guard(w.ioc);
-  std::thread loop([&] { w.ioc.run(); });
+  std::thread loop([&] { rdmarpc::RunLoop(w.ioc); });
   auto on_loop = [&](auto work) {
     return asio::co_spawn(w.ioc, std::move(work), asio::use_future).get();
   };
@@ -574,7 +574,7 @@ int RunClient(const ClientConfig& cfg) {
     asio::co_spawn(workers[t]->ioc, StartConnections(cfg, shared, *workers[t], n), asio::detached);
   }
   std::vector<std::thread> threads;
-  for (auto& w : workers) threads.emplace_back([&w] { w->ioc.run(); });
+  for (auto& w : workers) threads.emplace_back([&w] { rdmarpc::RunLoop(w->ioc); });
 
   // Warm up, then measure for the duration (or until --calls), printing progress each second.
   const auto warm_until = Clock::now() + std::chrono::duration<double>(cfg.warmup_s);
