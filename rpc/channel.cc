@@ -573,7 +573,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       co_await Suspend(index, deadline);
       const bool woken = !slot.queued;
       if (!woken) waiting_.Remove(&slot);
-      Status gave_up = WithQueueReason(GaveUp(deadline, options, woken));
+      Status gave_up = WithLimitReason(WithQueueReason(GaveUp(deadline, options, woken)));
       if (!gave_up.ok()) {
         FreeSlot(index);
         WakeWaiters();  // pass on any room this call was woken for
@@ -671,6 +671,25 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                                 std::to_string(conn_->queued_send_bytes()) +
                                 " bytes queued for it (ChannelOptions::max_queued_bytes " +
                                 std::to_string(options_.max_queued_bytes) + ")");
+  }
+
+  // A call that waited for a place under the concurrency limit until its deadline says so:
+  // "no reply" alone would blame the server's speed for a wait that never reached it. (Only
+  // for calls waiting to be admitted: a running call's deadline says nothing of the limit.)
+  Status WithLimitReason(Status s) const {
+    const uint32_t limit = Limit();
+    if (s.code() != StatusCode::kDeadlineExceeded || send_full_ || state_ != State::kReady ||
+        limit == 0 || in_flight_ < limit) {
+      return s;
+    }
+    const bool servers = server_limit_ != 0 && server_limit_ == limit;
+    return Status(s.code(),
+                  s.message() + "; never sent: " + std::to_string(in_flight_) +
+                      " calls in flight on the connection, the most " +
+                      (servers ? "the server allows (its max_concurrent_calls_per_connection, " +
+                                     std::to_string(limit) + ")"
+                               : "ChannelOptions::max_concurrent_calls allows (" +
+                                     std::to_string(limit) + ")"));
   }
 
   // The transport: queued bytes went out (reported while send_full_: WatchSendProgress). At

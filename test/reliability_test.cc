@@ -133,6 +133,43 @@ TEST_CASE("concurrency limits queue calls (backpressure), never fail them",
   CHECK(ts.service.max_sleeping.load() == limit);  // the limit is used, not undershot
 }
 
+TEST_CASE("a call that waited for the concurrency limit until its deadline says so",
+          "[reliability][limits]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  const bool server_side = GENERATE(true, false);  // whose limit: the server's, or the channel's
+  ServerOptions so{.io_threads = 1};
+  so.max_concurrent_calls_per_connection = server_side ? 1 : 0;
+  TestServer ts(listen, so);
+  ChannelOptions co;
+  co.max_concurrent_calls = server_side ? 0 : 1;
+  auto ch = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE(ch.ok());
+  std::thread holder([&] {
+    TestService::BlockingStub stub(*ch);
+    SleepRequest req;
+    req.set_ms(1500);
+    (void)stub.Sleep(req, {.timeout = 10s});
+  });
+  REQUIRE(Eventually([&] { return ts.service.sleeping.load() == 1; }, 5000ms));
+  TestService::BlockingStub stub(*ch);
+  SleepRequest req;
+  req.set_ms(1);
+  auto r = stub.Sleep(req, {.timeout = 100ms});
+  holder.join();
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(r.status().message().find("never sent: 1 calls in flight on the connection") !=
+        std::string::npos);
+  CHECK(r.status().message().find(
+            server_side ? "the server allows (its max_concurrent_calls_per_connection, 1)"
+                        : "ChannelOptions::max_concurrent_calls allows (1)") != std::string::npos);
+  // A call that merely ran out of time on the server says nothing of the limit.
+  req.set_ms(500);
+  auto slow = stub.Sleep(req, {.timeout = 100ms});
+  CHECK(slow.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(slow.status().message().find("never sent") == std::string::npos);
+}
+
 TEST_CASE("a client that ignores SETTINGS gets RESOURCE_EXHAUSTED for calls over the limit",
           "[reliability][limits]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
