@@ -293,8 +293,22 @@ void Poller::Run(asio::io_context& ioc) {
   constexpr int kAsioBurst = 64;
   epoll_event events[kMaxEvents];
   bool run_asio = true;  // what was posted before the loop started
+  // The reactor's task operation, which stays queued while the loop sleeps (known once the
+  // queue was seen holding it alone).
+  const void* task_op = nullptr;
   for (;;) {
     if (run_asio) {
+      if (task_op != nullptr) {
+        // Handlers posted while the loop slept queue behind the reactor's task, whose run
+        // (epoll_wait on the reactor's set, to take what woke the loop) poll_one would do
+        // first: run them first, as run() does (its task was out of the queue, blocked).
+        asio::detail::conditionally_enabled_mutex::scoped_lock lock(mutex);
+        auto* front = Access::front(queue);
+        if (front == task_op && Access::next(front) != nullptr) {
+          queue.pop();
+          queue.push(front);
+        }
+      }
       for (int i = 0; i < kAsioBurst && ioc.poll_one() != 0; ++i) {
       }
       // Stopped, or out of work (poll_one() stops it then, as run() does).
@@ -306,6 +320,7 @@ void Poller::Run(asio::io_context& ioc) {
       // another thread while the flag was still set (no interrupt), and so may a stop(): take
       // the descriptors' events without sleeping, then poll again.
       if (!stopped && Access::front(queue) == Access::back(queue)) {
+        task_op = Access::front(queue);
         task_interrupted = false;
         run_asio = false;
       }
