@@ -105,20 +105,25 @@ template struct Reach<SchedulerStopped, &Scheduler::stopped_>;
 template struct Reach<ReactorEpoll, &Reactor::epoll_fd_>;
 }  // namespace
 
+// Hands an event (epoll's flags) to r's client, marked as inside its OnReady meanwhile.
+static void Deliver(Poller::Registration* r, uint32_t events) {
+  r->in_ready = true;
+  // Reset even if the client throws (it then leaves the loop, as a handler would).
+  struct Reset {
+    Poller::Registration* r;
+    ~Reset() { r->in_ready = false; }
+  } reset{r};
+  const bool failed = (events & (EPOLLERR | EPOLLHUP)) != 0;
+  // The client stays alive through its own call: Remove hands its reference to the caller.
+  r->client->OnReady(failed);
+}
+
 Poller::Op::status Poller::Op::Perform(reactor_op* base) {
   Registration* r = static_cast<Op*>(base)->registration;
   if (r->removed) return not_done;
-  r->in_ready = true;
-  // Reset even if the client throws (it then leaves io_context::run(), as a handler would).
-  struct Reset {
-    Registration* r;
-    ~Reset() { r->in_ready = false; }
-  } reset{r};
   // (A C-style cast: descriptor_state derives from the operation privately.)
   const auto* state = (const asio::detail::scheduler_operation*)r->data;
-  const bool failed = (state->*EventsOf::kTaskResult & (EPOLLERR | EPOLLHUP)) != 0;
-  // The client stays alive through its own call: Remove hands its reference to the caller.
-  r->client->OnReady(failed);
+  Deliver(r, state->*EventsOf::kTaskResult);
   return not_done;
 }
 
@@ -161,11 +166,7 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
   auto* r = new Registration(fd);
   auto* reactor = static_cast<Reactor*>(reactor_);
   if (own_epoll_ >= 0) {
-    // The reactor's flags for its internal descriptors (edge-triggered).
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;
-    ev.data.ptr = r;
-    if (::epoll_ctl(own_epoll_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    if (!WatchInOwnSet(r)) {
       *error = errno;
       delete r;
       ::close(fd);
@@ -228,6 +229,14 @@ void Poller::Deregister(Registration* r) {
   }
 }
 
+bool Poller::WatchInOwnSet(Registration* r) {
+  // The reactor's flags for its internal descriptors (edge-triggered).
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;
+  ev.data.ptr = r;
+  return ::epoll_ctl(own_epoll_, EPOLL_CTL_ADD, r->fd, &ev) == 0;
+}
+
 void Poller::RunOwnLoop(asio::io_context& ioc) {
   Poller& p = asio::use_service<Poller>(ioc);
   if (p.own_epoll_ < 0) p.StartOwnLoop();
@@ -255,10 +264,7 @@ void Poller::StartOwnLoop() {
     if (r->removed) continue;
     reactor->deregister_internal_descriptor(r->fd, r->data);
     reactor->cleanup_descriptor_data(r->data);
-    epoll_event moved{};
-    moved.events = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLPRI | EPOLLET;
-    moved.data.ptr = r;
-    if (::epoll_ctl(own_epoll_, EPOLL_CTL_ADD, r->fd, &moved) != 0) {
+    if (!WatchInOwnSet(r)) {
       throw std::system_error(errno, std::generic_category(), "epoll_ctl(descriptor)");
     }
   }
@@ -343,12 +349,7 @@ void Poller::Run(asio::io_context& ioc) {
           continue;
         }
         if (r->removed) continue;
-        r->in_ready = true;
-        struct Reset {
-          Registration* r;
-          ~Reset() { r->in_ready = false; }
-        } reset{r};
-        r->client->OnReady((events[i].events & (EPOLLERR | EPOLLHUP)) != 0);
+        Deliver(r, events[i].events);
       }
     }
     // A handler dispatched inline in the batch that threw: out of the loop, as out of run().

@@ -102,6 +102,7 @@ class Poller final : public boost::asio::execution_context::service {
   void Deregister(Registration* r);  // and close its fd, and free it
 
   void StartOwnLoop();
+  bool WatchInOwnSet(Registration* r);  // false, with errno, if epoll_ctl failed
   void Run(boost::asio::io_context& ioc);
 
   void* reactor_ = nullptr;  // boost::asio::detail::epoll_reactor
