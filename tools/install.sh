@@ -67,7 +67,7 @@ protoc_plugin=\${prefix}/bin/protoc-gen-rdmarpc
 Name: rdmarpc
 Description: Asynchronous RPC on RDMA (and TCP) with C++20 coroutines
 Version: $version
-Requires: protobuf spdlog libibverbs librdmacm libcrypto
+Requires: protobuf spdlog libibverbs librdmacm libcrypto liburing
 Cflags: -std=c++20 -I\${includedir}
 Libs: -L\${libdir} -lrdmarpc -pthread
 EOF

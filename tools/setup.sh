@@ -15,7 +15,7 @@ PACKAGES=(
   cmake pkgconf
   # benchmarks (tools/bench): plots, instruction counts, the report, the gRPC C++ yardstick
   gnuplot-nox valgrind python3 libgrpc++-dev protobuf-compiler-grpc
-  # tools/bench/tcp_wait_probe (an io_uring read-path experiment)
+  # io_uring: the TCP transport receives through it in rdmarpc's event loop (transport/poller.h)
   liburing-dev
   # key-value sample: its persistent engine
   librocksdb-dev

@@ -1,8 +1,13 @@
 #include "transport/poller.h"
 
+#include <liburing.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/detail/call_stack.hpp>
 #include <boost/asio/detail/epoll_reactor.hpp>
 #include <boost/asio/detail/op_queue.hpp>
@@ -15,6 +20,8 @@
 #include <boost/asio/query.hpp>
 #include <boost/version.hpp>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <system_error>
 
@@ -58,8 +65,39 @@ struct Poller::Registration {
   Registration* prev = nullptr;
   Registration* next = nullptr;
   bool removed = false;
-  bool in_ready = false;  // inside client->OnReady: the reactor holds this descriptor's lock
+  bool in_ready = false;    // inside client->OnReady: the reactor holds this descriptor's lock
+  bool completion = false;  // receives through io_uring (in no epoll set)
+  uint8_t ops = 0;          // io_uring operations in flight (a receive, a hang-up watch)
+  bool draining = false;    // removed with ops in flight: on Poller::draining_
+  // After Remove while ops were in flight: the client whose buffer the kernel may still fill.
+  std::shared_ptr<Client> keep;
 };
+
+// The io_uring of a loop of our own (poller.h). Operations carry a Registration's address with
+// their kind in its low bits; the loop's own polls carry constants.
+struct Poller::Ring {
+  ~Ring() {
+    if (made) io_uring_queue_exit(&ring);
+  }
+  io_uring ring{};
+  bool made = false;
+  std::thread::id owner;
+  // A poll on the loop's epoll set and one on the reactor's set are in the ring (single-shot,
+  // armed again before each sleep: a poll armed on a set that is already readable completes at
+  // once, so nothing left in a set is missed).
+  bool own_set_polled = false;
+  bool reactor_polled = false;
+  bool bounded_sleep = false;  // under valgrind (UseRing)
+};
+
+namespace {
+constexpr uint64_t kKindMask = 3;
+constexpr uint64_t kReceiveKind = 1;
+constexpr uint64_t kHangUpKind = 2;
+constexpr uint64_t kOwnSetPoll = 3;       // (no address: kind 3 alone)
+constexpr uint64_t kReactorPoll = 4 | 3;  // (likewise)
+static_assert(alignof(std::max_align_t) > kKindMask);
+}  // namespace
 
 namespace {
 // The events the reactor is handling for a descriptor: from epoll_wait to the end of its
@@ -149,6 +187,14 @@ void Poller::shutdown() {
     if (r->client) r->client->OnPollerGone();
     Deregister(r);
   }
+  // Closing the ring drops its operations without running them (no thread is inside its
+  // io_uring_enter now, and only that would): the buffers they held are free after it.
+  ring_.reset();
+  while (Registration* r = draining_) {
+    draining_ = r->next;
+    ::close(r->fd);
+    delete r;
+  }
 }
 
 Poller& Poller::For(const Executor& executor) {
@@ -157,7 +203,8 @@ Poller& Poller::For(const Executor& executor) {
   return p;
 }
 
-Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* error) {
+Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* error,
+                                  bool receives) {
   if (shut_down_) {
     ::close(fd);
     *error = ESHUTDOWN;
@@ -165,7 +212,9 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
   }
   auto* r = new Registration(fd);
   auto* reactor = static_cast<Reactor*>(reactor_);
-  if (own_epoll_ >= 0) {
+  if (receives && own_epoll_ >= 0 && UseRing()) {
+    r->completion = true;  // watched by nothing until its client asks for a receive
+  } else if (own_epoll_ >= 0) {
     if (!WatchInOwnSet(r)) {
       *error = errno;
       delete r;
@@ -190,10 +239,90 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
   return r;
 }
 
+bool Poller::Completes(const Registration* r) { return r != nullptr && r->completion; }
+
+bool Poller::UseRing() {
+  if (ring_) return ring_->owner == std::this_thread::get_id();
+  // Made only by the thread running the loop: the ring is that thread's from then on.
+  if (ring_off_ || run_thread_ != std::this_thread::get_id()) return false;
+  const char* want = std::getenv("RDMARPC_IO_URING");
+  if (want != nullptr && std::strcmp(want, "0") == 0) {
+    ring_off_ = true;
+    return false;
+  }
+  // Valgrind (its preloads are how it shows) neither sees the kernel's writes into receive
+  // buffers (memcheck would call every received byte uninitialised) nor lets other threads run
+  // while one sleeps in io_uring_enter (3.19 does not count it as a blocking call): readiness
+  // under it, unless RDMARPC_IO_URING=1 asks for the ring (callgrind counting its path), which
+  // then sleeps at most 10 ms at a time.
+  const char* preload = std::getenv("LD_PRELOAD");
+  const bool valgrind = preload != nullptr && std::strstr(preload, "vgpreload") != nullptr;
+  if (valgrind && (want == nullptr || std::strcmp(want, "1") != 0)) {
+    ring_off_ = true;
+    return false;
+  }
+  auto ring = std::make_unique<Ring>();
+  io_uring_params p{};
+  // DEFER_TASKRUN: completions are finished (a receive's copy into its buffer included) only
+  // inside this thread's io_uring_enter, never behind its back; SINGLE_ISSUER comes with it.
+  // Sizes: the submissions of one turn of the loop (more are submitted at once to make room),
+  // and room for a burst of completions (each socket has at most two operations in flight; past
+  // the queue, the kernel keeps them on its overflow list, which io_uring_enter empties into it).
+  p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_CQSIZE;
+  p.cq_entries = 4096;
+  if (io_uring_queue_init_params(256, &ring->ring, &p) < 0) {
+    ring_off_ = true;  // (an old kernel, io_uring_disabled, a seccomp filter: readiness it is)
+    return false;
+  }
+  ring->made = true;
+  ring->owner = std::this_thread::get_id();
+  ring->bounded_sleep = valgrind;
+  // The reactor's set is watched by a poll of the ring's own from now on, not through the
+  // loop's set: a wake-up for Asio then costs no epoll_wait of the loop's.
+  epoll_event ev{};
+  auto* reactor = static_cast<Reactor*>(reactor_);
+  ::epoll_ctl(own_epoll_, EPOLL_CTL_DEL, reactor->*Member(ReactorEpoll{}), &ev);
+  ring_ = std::move(ring);
+  return true;
+}
+
+// A submission queue entry (the queue is flushed to make room if this is the ring's thread).
+static io_uring_sqe* NextSqe(io_uring* ring, std::thread::id owner) {
+  io_uring_sqe* s = io_uring_get_sqe(ring);
+  if (s == nullptr && owner == std::this_thread::get_id()) {
+    io_uring_submit(ring);
+    s = io_uring_get_sqe(ring);
+  }
+  return s;
+}
+
+bool Poller::Receive(Registration* r, std::span<std::byte> into, bool expect_wait) {
+  io_uring_sqe* s = io_uring_get_sqe(&ring_->ring);
+  if (s == nullptr) [[unlikely]] {
+    s = NextSqe(&ring_->ring, ring_->owner);
+    if (s == nullptr) return false;
+  }
+  io_uring_prep_recv(s, r->fd, into.data(), into.size(), 0);
+  if (expect_wait) s->ioprio |= IORING_RECVSEND_POLL_FIRST;
+  io_uring_sqe_set_data64(s, reinterpret_cast<uint64_t>(r) | kReceiveKind);
+  ++r->ops;
+  return true;
+}
+
+bool Poller::WatchHangUp(Registration* r) {
+  io_uring_sqe* s = NextSqe(&ring_->ring, ring_->owner);
+  if (s == nullptr) return false;
+  io_uring_prep_poll_add(s, r->fd, POLLRDHUP);
+  io_uring_sqe_set_data64(s, reinterpret_cast<uint64_t>(r) | kHangUpKind);
+  ++r->ops;
+  return true;
+}
+
 std::shared_ptr<Poller::Client> Poller::Remove(Registration* r) {
   if (shut_down_ || r == nullptr || r->removed) return nullptr;
   r->removed = true;
   std::shared_ptr<Client> client = std::move(r->client);
+  if (r->ops > 0) r->keep = client;
   if (!r->in_ready || own_epoll_ >= 0) {
     Deregister(r);
   } else {
@@ -206,7 +335,9 @@ std::shared_ptr<Poller::Client> Poller::Remove(Registration* r) {
 }
 
 void Poller::Deregister(Registration* r) {
-  if (own_epoll_ >= 0) {
+  if (r->completion) {
+    // (in no epoll set)
+  } else if (own_epoll_ >= 0) {
     epoll_event ev{};
     ::epoll_ctl(own_epoll_, EPOLL_CTL_DEL, r->fd, &ev);
   } else {
@@ -217,6 +348,23 @@ void Poller::Deregister(Registration* r) {
   if (r->prev) r->prev->next = r->next;
   if (r->next) r->next->prev = r->prev;
   if (live_ == r) live_ = r->next;
+  r->prev = nullptr;
+  if (r->ops > 0) {
+    // The kernel may still write into the client's buffer: it and the client stay until the
+    // operations complete, which shutting the socket down makes them do soon (or until the
+    // ring closes, at shutdown).
+    ::shutdown(r->fd, SHUT_RDWR);
+    r->removed = true;
+    r->draining = true;
+    r->next = draining_;
+    if (draining_) draining_->prev = r;
+    draining_ = r;
+    return;
+  }
+  Dispose(r);
+}
+
+void Poller::Dispose(Registration* r) {
   if (in_batch_) {
     // A later event of the batch being handled may point at it, and its client may still be
     // inside OnReady with the descriptor: closed and freed once the batch is done.
@@ -240,6 +388,17 @@ bool Poller::WatchInOwnSet(Registration* r) {
 void Poller::RunOwnLoop(asio::io_context& ioc) {
   Poller& p = asio::use_service<Poller>(ioc);
   if (p.own_epoll_ < 0) p.StartOwnLoop();
+  if (p.ring_ && p.ring_->owner != std::this_thread::get_id()) {
+    // Its receives complete only inside the io_uring_enter of the thread that made it.
+    throw std::logic_error(
+        "rdmarpc::RunLoop: this io_context's loop receives through an io_uring made by another "
+        "thread; run it on that thread (or set RDMARPC_IO_URING=0)");
+  }
+  struct Running {
+    Poller& p;
+    explicit Running(Poller& q) : p(q) { p.run_thread_ = std::this_thread::get_id(); }
+    ~Running() { p.run_thread_ = std::thread::id(); }
+  } running(p);
   p.Run(ioc);
 }
 
@@ -270,6 +429,119 @@ void Poller::StartOwnLoop() {
   }
 }
 
+// Hands a batch of the loop's epoll events to their clients (null: the reactor's set).
+void Poller::DeliverEvents(const epoll_event* events, int n, bool* run_asio) {
+  for (int i = 0; i < n; ++i) {
+    auto* r = static_cast<Registration*>(events[i].data.ptr);
+    if (r == nullptr) {
+      *run_asio = true;
+      continue;
+    }
+    if (r->removed) continue;
+    Deliver(r, events[i].events);
+  }
+}
+
+// Submits what is queued in the ring and, with `sleep`, waits for a completion, in one system
+// call (liburing's own submit-and-wait spends ~130 instructions more around it). The submission
+// array maps slot i to entry i once and for all (liburing sets it up so), so submitting is
+// publishing the tail.
+int Poller::Enter(bool sleep) {
+  io_uring& ring = ring_->ring;
+  io_uring_sq& sq = ring.sq;
+  const unsigned tail = sq.sqe_tail;
+  if (sq.sqe_head != tail) {
+    sq.sqe_head = tail;
+    io_uring_smp_store_release(sq.ktail, tail);
+  }
+  const unsigned submit = tail - *sq.khead;
+  unsigned flags = IORING_ENTER_GETEVENTS;  // (runs the deferred task work: the receives)
+  io_uring_getevents_arg arg{};
+  __kernel_timespec most{.tv_sec = 0, .tv_nsec = 10'000'000};
+  const void* extra = nullptr;
+  size_t extra_size = 0;
+  if (sleep && ring_->bounded_sleep) {
+    arg.ts = reinterpret_cast<uint64_t>(&most);
+    flags |= IORING_ENTER_EXT_ARG;
+    extra = &arg;
+    extra_size = sizeof arg;
+  }
+  const long r = ::syscall(__NR_io_uring_enter, ring.ring_fd, submit, sleep ? 1u : 0u, flags, extra,
+                           extra_size);
+  return r < 0 ? -errno : static_cast<int>(r);
+}
+
+void Poller::ArmSetPolls() {
+  io_uring* ring = &ring_->ring;
+  if (!ring_->own_set_polled) {
+    if (io_uring_sqe* s = NextSqe(ring, ring_->owner)) {
+      io_uring_prep_poll_add(s, own_epoll_, POLLIN);
+      io_uring_sqe_set_data64(s, kOwnSetPoll);
+      ring_->own_set_polled = true;
+    }
+  }
+  if (!ring_->reactor_polled) {
+    if (io_uring_sqe* s = NextSqe(ring, ring_->owner)) {
+      io_uring_prep_poll_add(s, static_cast<Reactor*>(reactor_)->*Member(ReactorEpoll{}), POLLIN);
+      io_uring_sqe_set_data64(s, kReactorPoll);
+      ring_->reactor_polled = true;
+    }
+  }
+}
+
+void Poller::Bury() {
+  while (Registration* r = removed_in_batch_) {
+    removed_in_batch_ = r->next;
+    ::close(r->fd);
+    delete r;
+  }
+}
+
+inline void Poller::Completed(uint64_t user_data, int result, bool* run_asio) {
+  if ((user_data & kKindMask) == kReceiveKind) [[likely]] {
+    auto* r = reinterpret_cast<Registration*>(user_data & ~kKindMask);
+    --r->ops;
+    if (!r->removed) [[likely]] {
+      r->client->OnReceived(result);
+      return;
+    }
+  }
+  CompletedOther(user_data, result, run_asio);
+}
+
+// Completions but a live registration's receive: the loop's polls, hang-up watches, and the
+// last operations of removed registrations.
+void Poller::CompletedOther(uint64_t user_data, int result, bool* run_asio) {
+  if (user_data == kOwnSetPoll) {
+    ring_->own_set_polled = false;
+    epoll_event events[64];
+    const int n = ::epoll_wait(own_epoll_, events, 64, 0);
+    if (n > 0) DeliverEvents(events, n, run_asio);
+    return;
+  }
+  if (user_data == kReactorPoll) {
+    ring_->reactor_polled = false;
+    *run_asio = true;
+    return;
+  }
+  auto* r = reinterpret_cast<Registration*>(user_data & ~kKindMask);
+  if (r == nullptr) return;
+  if ((user_data & kKindMask) != kReceiveKind) --r->ops;  // (a receive's was counted above)
+  if (r->removed) {
+    if (r->ops == 0 && r->draining) {
+      r->draining = false;
+      // The last operation of a registration removed meanwhile: off the draining list.
+      if (r->prev) r->prev->next = r->next;
+      if (r->next) r->next->prev = r->prev;
+      if (draining_ == r) draining_ = r->next;
+      r->prev = nullptr;
+      Dispose(r);  // (the client goes with it, at the batch's end)
+    }
+    return;
+  }
+  r->client->OnHangUp();
+}
+
 void Poller::Run(asio::io_context& ioc) {
   Scheduler& scheduler = asio::use_service<Scheduler>(ioc);
   auto& mutex = scheduler.*Member(SchedulerMutex{});
@@ -286,11 +558,8 @@ void Poller::Run(asio::io_context& ioc) {
     Poller* p;
     ~BatchEnd() {
       p->in_batch_ = false;
-      while (Registration* r = p->removed_in_batch_) {
-        p->removed_in_batch_ = r->next;
-        ::close(r->fd);
-        delete r;
-      }
+      if (p->removed_in_batch_ != nullptr) [[unlikely]]
+        p->Bury();
     }
   };
   constexpr int kMaxEvents = 64;
@@ -302,6 +571,8 @@ void Poller::Run(asio::io_context& ioc) {
   // The reactor's task operation, which stays queued while the loop sleeps (known once the
   // queue was seen holding it alone).
   const void* task_op = nullptr;
+  // The ring is this thread's (RunOwnLoop checked), or made by it while it runs.
+  bool ring_thread = ring_ != nullptr;
   for (;;) {
     if (run_asio) {
       if (task_op != nullptr) {
@@ -331,26 +602,46 @@ void Poller::Run(asio::io_context& ioc) {
         run_asio = false;
       }
     }
-    const int n = ::epoll_wait(own_epoll_, events, kMaxEvents, run_asio ? 0 : -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "epoll_wait");
-    }
-    {
+    // (A handler or an event may have made the ring since the last turn.)
+    if (!ring_thread && ring_) ring_thread = ring_->owner == std::this_thread::get_id();
+    if (ring_thread) {
+      if (!ring_->own_set_polled || !ring_->reactor_polled) ArmSetPolls();
+      const int e = Enter(!run_asio);
+      if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY && e != -ETIME) {
+        throw std::system_error(-e, std::generic_category(), "io_uring_enter");
+      }
       asio::detail::call_stack<asio::detail::thread_context,
                                asio::detail::thread_info_base>::context in_loop(&scheduler,
                                                                                 batch_thread);
       in_batch_ = true;
       BatchEnd end{this};
-      for (int i = 0; i < n; ++i) {
-        auto* r = static_cast<Registration*>(events[i].data.ptr);
-        if (r == nullptr) {
-          run_asio = true;
-          continue;
-        }
-        if (r->removed) continue;
-        Deliver(r, events[i].events);
+      io_uring_cq& cq = ring_->ring.cq;
+      unsigned head = *cq.khead;
+      const unsigned tail = io_uring_smp_load_acquire(cq.ktail);
+      // At most a batch's worth before Asio's turn; the rest wait (the next turn does not
+      // sleep). Each completion leaves the queue before it is handled, so that a handler's
+      // exception leaves none to be handled twice.
+      const unsigned n = std::min<unsigned>(tail - head, kMaxEvents);
+      if (tail - head > n) run_asio = true;
+      for (unsigned i = 0; i < n; ++i, ++head) {
+        const io_uring_cqe& c = cq.cqes[head & cq.ring_mask];
+        const uint64_t user_data = c.user_data;
+        const int result = c.res;
+        io_uring_smp_store_release(cq.khead, head + 1);
+        Completed(user_data, result, &run_asio);
       }
+    } else {
+      const int n = ::epoll_wait(own_epoll_, events, kMaxEvents, run_asio ? 0 : -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw std::system_error(errno, std::generic_category(), "epoll_wait");
+      }
+      asio::detail::call_stack<asio::detail::thread_context,
+                               asio::detail::thread_info_base>::context in_loop(&scheduler,
+                                                                                batch_thread);
+      in_batch_ = true;
+      BatchEnd end{this};
+      DeliverEvents(events, n, &run_asio);
     }
     // A handler dispatched inline in the batch that threw: out of the loop, as out of run().
     batch_thread.rethrow_pending_exception();
