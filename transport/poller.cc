@@ -254,7 +254,9 @@ bool Poller::UseRing() {
   // buffers (memcheck would call every received byte uninitialised) nor lets other threads run
   // while one sleeps in io_uring_enter (3.19 does not count it as a blocking call): readiness
   // under it, unless RDMARPC_IO_URING=1 asks for the ring (callgrind counting its path), which
-  // then sleeps at most 10 ms at a time.
+  // then sleeps at most 10 ms at a time (a wake-up every 10 ms when idle, counted in such a
+  // profile). (Sleeping in epoll_wait on the ring's descriptor instead does not work: with
+  // DEFER_TASKRUN, a receive that is ready to finish does not make that descriptor readable.)
   const char* preload = std::getenv("LD_PRELOAD");
   const bool valgrind = preload != nullptr && std::strstr(preload, "vgpreload") != nullptr;
   if (valgrind && (want == nullptr || std::strcmp(want, "1") != 0)) {
