@@ -41,6 +41,10 @@
 // the loop thread's io_uring_enter, which is what makes a buffer's lifetime ours to decide); it
 // belongs to that thread. Without io_uring (an old kernel, io_uring_disabled, or
 // RDMARPC_IO_URING=0 in the environment) such sockets are watched for readiness as before.
+// The price, in a loop that also has descriptors watched for readiness (an RDMA completion
+// channel beside TCP connections): each of their wake-ups takes io_uring_enter and then an
+// epoll_wait on the loop's set, one system call more than before. A loop without TCP
+// connections never makes a ring.
 //
 // Threading: a Poller belongs to one io_context (an Asio service); Add, Remove and the events
 // happen on that io_context's thread, which must be a single thread (as for every transport
