@@ -143,6 +143,20 @@ template struct Reach<SchedulerStopped, &Scheduler::stopped_>;
 template struct Reach<ReactorEpoll, &Reactor::epoll_fd_>;
 }  // namespace
 
+// The poller's lists of registrations (live_, draining_), doubly linked through prev/next.
+static void Push(Poller::Registration*& head, Poller::Registration* r) {
+  r->prev = nullptr;
+  r->next = head;
+  if (head) head->prev = r;
+  head = r;
+}
+static void Unlink(Poller::Registration*& head, Poller::Registration* r) {
+  if (r->prev) r->prev->next = r->next;
+  if (r->next) r->next->prev = r->prev;
+  if (head == r) head = r->next;
+  r->prev = nullptr;
+}
+
 // Hands an event (epoll's flags) to r's client, marked as inside its OnReady meanwhile.
 static void Deliver(Poller::Registration* r, uint32_t events) {
   r->in_ready = true;
@@ -233,9 +247,7 @@ Poller::Registration* Poller::Add(int fd, std::shared_ptr<Client> client, int* e
     return nullptr;
   }
   r->client = std::move(client);
-  r->next = live_;
-  if (live_) live_->prev = r;
-  live_ = r;
+  Push(live_, r);
   return r;
 }
 
@@ -289,9 +301,9 @@ bool Poller::UseRing() {
 }
 
 // A submission queue entry (the queue is flushed to make room if this is the ring's thread).
-static io_uring_sqe* NextSqe(io_uring* ring, std::thread::id owner) {
+static inline io_uring_sqe* NextSqe(io_uring* ring, std::thread::id owner) {
   io_uring_sqe* s = io_uring_get_sqe(ring);
-  if (s == nullptr && owner == std::this_thread::get_id()) {
+  if (s == nullptr && owner == std::this_thread::get_id()) [[unlikely]] {
     io_uring_submit(ring);
     s = io_uring_get_sqe(ring);
   }
@@ -299,11 +311,8 @@ static io_uring_sqe* NextSqe(io_uring* ring, std::thread::id owner) {
 }
 
 bool Poller::Receive(Registration* r, std::span<std::byte> into, bool expect_wait) {
-  io_uring_sqe* s = io_uring_get_sqe(&ring_->ring);
-  if (s == nullptr) [[unlikely]] {
-    s = NextSqe(&ring_->ring, ring_->owner);
-    if (s == nullptr) return false;
-  }
+  io_uring_sqe* s = NextSqe(&ring_->ring, ring_->owner);
+  if (s == nullptr) return false;
   io_uring_prep_recv(s, r->fd, into.data(), into.size(), 0);
   if (expect_wait) s->ioprio |= IORING_RECVSEND_POLL_FIRST;
   io_uring_sqe_set_data64(s, reinterpret_cast<uint64_t>(r) | kReceiveKind);
@@ -347,10 +356,7 @@ void Poller::Deregister(Registration* r) {
     reactor->deregister_internal_descriptor(r->fd, r->data);
     reactor->cleanup_descriptor_data(r->data);
   }
-  if (r->prev) r->prev->next = r->next;
-  if (r->next) r->next->prev = r->prev;
-  if (live_ == r) live_ = r->next;
-  r->prev = nullptr;
+  Unlink(live_, r);
   if (r->ops > 0) {
     // The kernel may still write into the client's buffer: it and the client stay until the
     // operations complete, which shutting the socket down makes them do soon (or until the
@@ -358,9 +364,7 @@ void Poller::Deregister(Registration* r) {
     ::shutdown(r->fd, SHUT_RDWR);
     r->removed = true;
     r->draining = true;
-    r->next = draining_;
-    if (draining_) draining_->prev = r;
-    draining_ = r;
+    Push(draining_, r);
     return;
   }
   Dispose(r);
@@ -491,6 +495,24 @@ void Poller::ArmSetPolls() {
   }
 }
 
+// Hands at most `most` of the ring's completions to their clients; with more left, the next
+// turn must not sleep. Each completion leaves the queue before it is handled, so that a
+// handler's exception leaves none to be handled twice.
+void Poller::Reap(unsigned most, bool* run_asio) {
+  io_uring_cq& cq = ring_->ring.cq;
+  unsigned head = *cq.khead;
+  const unsigned tail = io_uring_smp_load_acquire(cq.ktail);
+  const unsigned n = std::min(tail - head, most);
+  if (tail - head > n) *run_asio = true;
+  for (unsigned i = 0; i < n; ++i, ++head) {
+    const io_uring_cqe& c = cq.cqes[head & cq.ring_mask];
+    const uint64_t user_data = c.user_data;
+    const int result = c.res;
+    io_uring_smp_store_release(cq.khead, head + 1);
+    Completed(user_data, result, run_asio);
+  }
+}
+
 void Poller::Bury() {
   while (Registration* r = removed_in_batch_) {
     removed_in_batch_ = r->next;
@@ -502,8 +524,8 @@ void Poller::Bury() {
 inline void Poller::Completed(uint64_t user_data, int result, bool* run_asio) {
   if ((user_data & kKindMask) == kReceiveKind) [[likely]] {
     auto* r = reinterpret_cast<Registration*>(user_data & ~kKindMask);
-    --r->ops;
     if (!r->removed) [[likely]] {
+      --r->ops;
       r->client->OnReceived(result);
       return;
     }
@@ -528,15 +550,12 @@ void Poller::CompletedOther(uint64_t user_data, int result, bool* run_asio) {
   }
   auto* r = reinterpret_cast<Registration*>(user_data & ~kKindMask);
   if (r == nullptr) return;
-  if ((user_data & kKindMask) != kReceiveKind) --r->ops;  // (a receive's was counted above)
+  --r->ops;
   if (r->removed) {
     if (r->ops == 0 && r->draining) {
       r->draining = false;
       // The last operation of a registration removed meanwhile: off the draining list.
-      if (r->prev) r->prev->next = r->next;
-      if (r->next) r->next->prev = r->prev;
-      if (draining_ == r) draining_ = r->next;
-      r->prev = nullptr;
+      Unlink(draining_, r);
       Dispose(r);  // (the client goes with it, at the batch's end)
     }
     return;
@@ -606,44 +625,31 @@ void Poller::Run(asio::io_context& ioc) {
     }
     // (A handler or an event may have made the ring since the last turn.)
     if (!ring_thread && ring_) ring_thread = ring_->owner == std::this_thread::get_id();
+    int n = 0;  // (epoll's events)
     if (ring_thread) {
       if (!ring_->own_set_polled || !ring_->reactor_polled) ArmSetPolls();
       const int e = Enter(!run_asio);
       if (e < 0 && e != -EINTR && e != -EAGAIN && e != -EBUSY && e != -ETIME) {
         throw std::system_error(-e, std::generic_category(), "io_uring_enter");
       }
-      asio::detail::call_stack<asio::detail::thread_context,
-                               asio::detail::thread_info_base>::context in_loop(&scheduler,
-                                                                                batch_thread);
-      in_batch_ = true;
-      BatchEnd end{this};
-      io_uring_cq& cq = ring_->ring.cq;
-      unsigned head = *cq.khead;
-      const unsigned tail = io_uring_smp_load_acquire(cq.ktail);
-      // At most a batch's worth before Asio's turn; the rest wait (the next turn does not
-      // sleep). Each completion leaves the queue before it is handled, so that a handler's
-      // exception leaves none to be handled twice.
-      const unsigned n = std::min<unsigned>(tail - head, kMaxEvents);
-      if (tail - head > n) run_asio = true;
-      for (unsigned i = 0; i < n; ++i, ++head) {
-        const io_uring_cqe& c = cq.cqes[head & cq.ring_mask];
-        const uint64_t user_data = c.user_data;
-        const int result = c.res;
-        io_uring_smp_store_release(cq.khead, head + 1);
-        Completed(user_data, result, &run_asio);
-      }
     } else {
-      const int n = ::epoll_wait(own_epoll_, events, kMaxEvents, run_asio ? 0 : -1);
+      n = ::epoll_wait(own_epoll_, events, kMaxEvents, run_asio ? 0 : -1);
       if (n < 0) {
         if (errno == EINTR) continue;
         throw std::system_error(errno, std::generic_category(), "epoll_wait");
       }
+    }
+    {
       asio::detail::call_stack<asio::detail::thread_context,
                                asio::detail::thread_info_base>::context in_loop(&scheduler,
                                                                                 batch_thread);
       in_batch_ = true;
       BatchEnd end{this};
-      DeliverEvents(events, n, &run_asio);
+      if (ring_thread) {
+        Reap(kMaxEvents, &run_asio);
+      } else {
+        DeliverEvents(events, n, &run_asio);
+      }
     }
     // A handler dispatched inline in the batch that threw: out of the loop, as out of run().
     batch_thread.rethrow_pending_exception();

@@ -149,7 +149,8 @@ class Poller final : public boost::asio::execution_context::service {
   int Enter(bool sleep);  // one io_uring_enter: -errno or what it returned
   void Completed(uint64_t user_data, int result, bool* run_asio);
   void CompletedOther(uint64_t user_data, int result, bool* run_asio);
-  void Bury();  // closes and frees what was removed during a batch
+  void Reap(unsigned most, bool* run_asio);  // the ring's completions (at most `most`)
+  void Bury();                               // closes and frees what was removed during a batch
   void DeliverEvents(const struct epoll_event* events, int n, bool* run_asio);
 
   void StartOwnLoop();

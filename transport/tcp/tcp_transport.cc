@@ -475,7 +475,7 @@ class TcpConnection final : public Connection,
     if (fd_ >= 0) {
       ::shutdown(fd_, SHUT_RDWR);  // the peer learns at once, whenever the descriptor closes
       if (registration_) {
-        held = Poller::For(executor_).Remove(registration_);  // closes fd_
+        held = poller_->Remove(registration_);  // closes fd_
       } else {
         ::close(fd_);
       }
