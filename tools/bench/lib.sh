@@ -34,6 +34,13 @@ cg_calls() {
     END { print total + 0 }' "$1"
 }
 
+# cg_sleeps FILE: how many times the profile's event loops slept: rdmarpc's own loop waits in
+# LoopEpollWait (a raw system call, transport/poller.cc), Asio's run() in glibc's epoll_wait.
+cg_sleeps() {
+  echo $(($(cg_calls "$1" epoll_wait) + $(cg_calls "$1" \
+    'rdmarpc::transport::(anonymous namespace)::LoopEpollWait(int, epoll_event*, int, int)')))
+}
+
 # callgrind_pair BENCH PREFIX [FLAG...]: runs rdmarpc_bench (the binary BENCH) as server and
 # client over TCP on loopback under callgrind, twice, with 2,000 and 12,000 calls, FLAGs given to
 # both; writes PREFIX{server,client}.{2000,12000}.cg. The difference of the two runs / 10,000 is
@@ -68,11 +75,12 @@ cg_per_call() {
   echo $(((b - a) / 10000))
 }
 
-# cg_sleeps_per_call PREFIX SIDE: epoll_wait calls per call of SIDE from callgrind_pair (two
-# decimals): the sleeps its instruction count includes (see cg_calls).
+# cg_sleeps_per_call PREFIX SIDE: the event loop's sleeps (epoll_wait calls, cg_sleeps) per call
+# of SIDE from callgrind_pair (two decimals): the sleeps its instruction count includes (see
+# cg_calls).
 cg_sleeps_per_call() {
   local a b
-  a=$(cg_calls "$1$2.2000.cg" epoll_wait)
-  b=$(cg_calls "$1$2.12000.cg" epoll_wait)
+  a=$(cg_sleeps "$1$2.2000.cg")
+  b=$(cg_sleeps "$1$2.12000.cg")
   awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b - a) / 10000 }'
 }

@@ -101,7 +101,7 @@ done
 # which under valgrind takes milliseconds to answer. The client's connect timeout is raised:
 # the server under callgrind takes longer than 5 s to set up its device state. --no-latency: the
 # bench's own timing of each call is not counted (as on the host, tools/bench/lib.sh).
-. tools/bench/lib.sh  # cg_total, cg_calls
+. tools/bench/lib.sh  # cg_total, cg_sleeps
 cgdir=$(mktemp -d)
 for n in 200 1200; do
   valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
@@ -115,7 +115,7 @@ for n in 200 1200; do
 done
 for side in client server; do
   a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
-  wa=$(cg_calls "$cgdir/$side.200" epoll_wait); wb=$(cg_calls "$cgdir/$side.1200" epoll_wait)
+  wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")
   [ -n "$a" ] && [ -n "$b" ] && echo "{\"kind\":\"rdmarpc\",\"test\":\"callgrind\",\"mode\":\"events\",\"side\":\"$side\",\"ir_per_call\":$(( (b - a) / 1000 )),\"epoll_waits_per_call\":$(awk -v a="$wa" -v b="$wb" 'BEGIN { printf "%.2f", (b - a) / 1000 }')}" >> "$out"
 done
 rm -rf "$cgdir"

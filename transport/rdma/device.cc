@@ -50,7 +50,8 @@ Expected<ThreadDevice::CqSlot*> ThreadDevice::AcquireCq(uint32_t send_depth) {
     }
   }
   auto slot = std::make_unique<CqSlot>();
-  slot->cq.reset(ibv_create_cq(verbs_, cqe_, nullptr, channel_.get(), 0));
+  // The CQ's context is its slot: an event names it without a search (TakeEventsAndRearm).
+  slot->cq.reset(ibv_create_cq(verbs_, cqe_, slot.get(), channel_.get(), 0));
   if (!slot->cq) return Error{Errno("ibv_create_cq")};
   if (ibv_req_notify_cq(slot->cq.get(), 0)) return Error{Errno("ibv_req_notify_cq")};
   slot->armed = true;
@@ -182,22 +183,26 @@ void ThreadDevice::Arm() {
 
 void ThreadDevice::Sleep() {
   mark_ = std::chrono::steady_clock::now();
-  if (channel_ready_) {
-    // Events came while the thread was busy; the poller will not say so again. Take them now,
-    // from a handler of their own (Sleep may be inside a drain or spin step).
-    channel_ready_ = false;
-    std::weak_ptr<ThreadDevice> weak = shared_from_this();
-    asio::post(ex_, [weak] {
-      if (auto self = weak.lock()) {
-        self->TakeEventsAndRearm();
-        self->DrainEvented();
-      }
-    });
+  if (channel_ready_) [[unlikely]] {
+    TakeReportedLater();
     return;
   }
   // The registration with the poller is permanent: sleeping costs no system call, and the
   // channel's next event wakes the thread through OnChannelReady.
   sleeping_ = true;
+}
+
+void ThreadDevice::TakeReportedLater() {
+  // Events came while the thread was busy; the poller will not say so again. Take them now,
+  // from a handler of their own (Sleep may be inside a drain or spin step).
+  channel_ready_ = false;
+  std::weak_ptr<ThreadDevice> weak = shared_from_this();
+  asio::post(ex_, [weak] {
+    if (auto self = weak.lock()) {
+      self->TakeEventsAndRearm();
+      self->DrainEvented();
+    }
+  });
 }
 
 void ThreadDevice::OnChannelReady() {
@@ -216,6 +221,15 @@ void ThreadDevice::OnChannelReady() {
 void ThreadDevice::TakeEventsAndRearm() {
   // What the poller reported so far is taken here; events after this are reported anew.
   channel_ready_ = false;
+  if (cqs_.size() == 1) [[likely]] {
+    // The usual thread, with up to ~100 connections (AcquireCq): one CQ, so no search.
+    CqSlot& slot = *cqs_.front();
+    ibv_cq* cq;
+    void* ctx;
+    if (slot.armed && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) TookEvent(slot);
+    if (slot.evented && !slot.armed) slot.armed = ibv_req_notify_cq(slot.cq.get(), 0) == 0;
+    return;
+  }
   // Read events only while an armed CQ may still have one queued: once every armed CQ's event
   // is read, the channel is empty (no CQ raises a second event before it is re-armed), so the
   // poller's edge-triggered watch sees the next one. Reading on until EAGAIN cost a read()
@@ -225,22 +239,23 @@ void ThreadDevice::TakeEventsAndRearm() {
   ibv_cq* cq;
   void* ctx;
   while (armed > 0 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
-    for (auto& slot : cqs_) {
-      if (slot->cq.get() != cq) continue;
-      if (slot->armed) {
-        slot->armed = false;
-        --armed;
-      }
-      slot->evented = true;
-      // Acknowledge in batches: each ack takes a mutex inside libibverbs.
-      if (++slot->unacked >= 64) {
-        ibv_ack_cq_events(cq, slot->unacked);
-        slot->unacked = 0;
-      }
-    }
+    // Each CQ's context is its slot (AcquireCq).
+    auto& slot = *static_cast<CqSlot*>(ctx);
+    armed -= slot.armed;
+    TookEvent(slot);
   }
   for (auto& slot : cqs_) {
     if (slot->evented && !slot->armed) slot->armed = ibv_req_notify_cq(slot->cq.get(), 0) == 0;
+  }
+}
+
+void ThreadDevice::TookEvent(CqSlot& slot) {
+  slot.armed = false;
+  slot.evented = true;
+  // Acknowledge in batches: each ack takes a mutex inside libibverbs.
+  if (++slot.unacked >= 64) [[unlikely]] {
+    ibv_ack_cq_events(slot.cq.get(), slot.unacked);
+    slot.unacked = 0;
   }
 }
 

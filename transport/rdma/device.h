@@ -130,6 +130,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Takes the channel's pending events (non-blocking) and re-arms the CQs that raised them, before
   // they are polled, so that a completion landing in between raises a new event. Marks them.
   void TakeEventsAndRearm();
+  // One event of `slot`'s CQ read: it is no longer armed; acknowledged in batches.
+  void TookEvent(CqSlot& slot);
+  // Sleep's rare case, out of line: the channel reported events while the thread was busy.
+  void TakeReportedLater();
 
   // Adaptive polling. Once the CQs are drained, the thread keeps polling them from posted
   // handlers (so its other work runs in between) for spin_window_ after the last completion,
