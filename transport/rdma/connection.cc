@@ -285,53 +285,16 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
 
 void RdmaConnection::Process(const ibv_wc& wc) {
   if (handler_.closed()) return;
-  if (wc.status == IBV_WC_SUCCESS && wc.wr_id == kRecvWrId && (wc.wc_flags & IBV_WC_WITH_IMM) &&
-      !(be32toh(wc.imm_data) & (kImmCreditBit | kImmFinBit)) &&
-      (paused_ || !held_.empty() || (!fetches_.empty() && !CanFetchAhead(wc)))) {
-    // A record while receiving is paused, or behind a large message still being read: it
-    // stays in the ring, unconsumed and uncredited, until its turn (Drain). Send completions,
-    // credits and FINs are still taken: they are what lets our own queue drain. A peer that
-    // writes more than its credit covers meanwhile is cut off here (ReceiveRing::Accept
-    // would, but only once the records are consumed).
-    held_bytes_ += AlignRecord(wc.byte_len);
-    if (recv_ring_.unreported() + held_bytes_ > kRingBytes) {
-      CloseWith("protocol error: peer wrote past its credits while we withheld them");
-      return;
-    }
-    held_.push_back(wc);
-    return;
-  }
-  if (wc.status != IBV_WC_SUCCESS) {
+  if (wc.status != IBV_WC_SUCCESS) [[unlikely]] {
     CloseWith(std::string("RDMA work completion failed: ") + ibv_wc_status_str(wc.status));
     return;
   }
   if (wc.wr_id != kRecvWrId) {
-    // A signaled send: it and everything before it has left the send queue.
-    const size_t queued_before = queued_send_bytes();
-    send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
-    const uint64_t tag = (wc.wr_id >> 32) & 0xff;
-    const uint32_t slot = static_cast<uint32_t>(wc.wr_id >> 40) & 0xff;
-    if (tag == kTagInvalidate && slot < kMaxRendezvous) {
-      // The peer has read the message and can no longer reach its buffer.
-      Exposed& e = exposed_[slot];
-      exposed_bytes_ -= e.bytes + kPendingOverheadBytes;
-      dev_->ReleaseBulk(std::move(e.buf));
-      e.state = Exposed::kFree;
-    } else if (tag == kTagRead) {
-      for (auto& f : fetches_) {
-        if (f.slot == slot) f.done = true;
-      }
-      Drain();
-      if (handler_.closed()) return;
-    }
-    // Against the queue as it was before this completion: an invalidation that released an
-    // exposed message is progress a paused handler must hear of (it was missed, and a server
-    // paused over a large reply never resumed).
-    SendPendingAndReport(queued_before);
+    OnSendCompleted(wc);
     return;
   }
   // A receive (ThreadDevice::Poll reposts its SRQ request).
-  if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
+  if (!(wc.wc_flags & IBV_WC_WITH_IMM)) [[unlikely]] {
     CloseWith("protocol error: receive without immediate data");
     return;
   }
@@ -346,9 +309,50 @@ void RdmaConnection::Process(const ibv_wc& wc) {
     SendPendingAndReport();
   } else if (imm & kImmFinBit) {
     OnFin(imm & kImmFinSlotMask);
+  } else if (paused_ || !held_.empty() || (!fetches_.empty() && !CanFetchAhead(wc))) [[unlikely]] {
+    Hold(wc);
   } else {
     OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
   }
+}
+
+void RdmaConnection::Hold(const ibv_wc& wc) {
+  // A record while receiving is paused, or behind a large message still being read: it stays
+  // in the ring, unconsumed and uncredited, until its turn (Drain). Send completions, credits
+  // and FINs are still taken (Process): they are what lets our own queue drain. A peer that
+  // writes more than its credit covers meanwhile is cut off here (ReceiveRing::Accept would,
+  // but only once the records are consumed).
+  held_bytes_ += AlignRecord(wc.byte_len);
+  if (recv_ring_.unreported() + held_bytes_ > kRingBytes) {
+    CloseWith("protocol error: peer wrote past its credits while we withheld them");
+    return;
+  }
+  held_.push_back(wc);
+}
+
+void RdmaConnection::OnSendCompleted(const ibv_wc& wc) {
+  // A signaled send: it and everything before it has left the send queue.
+  const size_t queued_before = queued_send_bytes();
+  send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
+  const uint64_t tag = (wc.wr_id >> 32) & 0xff;
+  const uint32_t slot = static_cast<uint32_t>(wc.wr_id >> 40) & 0xff;
+  if (tag == kTagInvalidate && slot < kMaxRendezvous) {
+    // The peer has read the message and can no longer reach its buffer.
+    Exposed& e = exposed_[slot];
+    exposed_bytes_ -= e.bytes + kPendingOverheadBytes;
+    dev_->ReleaseBulk(std::move(e.buf));
+    e.state = Exposed::kFree;
+  } else if (tag == kTagRead) {
+    for (auto& f : fetches_) {
+      if (f.slot == slot) f.done = true;
+    }
+    Drain();
+    if (handler_.closed()) return;
+  }
+  // Against the queue as it was before this completion: an invalidation that released an
+  // exposed message is progress a paused handler must hear of (it was missed, and a server
+  // paused over a large reply never resumed).
+  SendPendingAndReport(queued_before);
 }
 
 void RdmaConnection::SendPendingAndReport(size_t before) {

@@ -349,9 +349,9 @@ uint32_t ThreadDevice::Poll(ibv_cq* cq) {
     for (int i = 0; i < n; ++i) {
       // Every receive completion, even of a closed connection or with an error, used one SRQ WR.
       if (wcs[i].wr_id == kRecvWrId) ++receives;
-      auto it = by_qp_.find(wcs[i].qp_num);
-      if (it == by_qp_.end()) continue;
-      if (auto c = it->second.lock()) c->OnCompletion(wcs[i]);
+      std::weak_ptr<CompletionSink>* sink = SinkOf(wcs[i].qp_num);
+      if (sink == nullptr) continue;
+      if (auto c = sink->lock()) c->OnCompletion(wcs[i]);
     }
     receives_owed_ += receives;
     if (receives_owed_ >= repost_batch_) {

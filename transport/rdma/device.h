@@ -101,7 +101,10 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   uint8_t rd_atom() const { return rd_atom_; }
 
   void Register(uint32_t qp_num, std::weak_ptr<CompletionSink> c) { by_qp_[qp_num] = std::move(c); }
-  void Unregister(uint32_t qp_num) { by_qp_.erase(qp_num); }
+  void Unregister(uint32_t qp_num) {
+    if (qp_num == last_qp_) last_sink_ = nullptr;
+    by_qp_.erase(qp_num);
+  }
 
  private:
   ThreadDevice(const Executor& ex, ibv_context* verbs, const Options& options)
@@ -193,6 +196,22 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Where the time accounting (CountTime) last stopped: busy-poll, spin or sleep started there.
   std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
   std::unordered_map<uint32_t, std::weak_ptr<CompletionSink>> by_qp_;
+  // The QP of the last completion and its entry in by_qp_ (null: none): a connection's
+  // completions tend to come in runs, and a hit skips the hash look-up (~17 instructions per
+  // completion). Entries of an unordered_map stay put until erased; Unregister forgets it.
+  uint32_t last_qp_ = 0;
+  std::weak_ptr<CompletionSink>* last_sink_ = nullptr;
+
+  // The entry for `qp_num`, or null when no connection has it (any more).
+  std::weak_ptr<CompletionSink>* SinkOf(uint32_t qp_num) {
+    if (last_sink_ != nullptr && qp_num == last_qp_) [[likely]]
+      return last_sink_;
+    auto it = by_qp_.find(qp_num);
+    if (it == by_qp_.end()) return nullptr;
+    last_qp_ = qp_num;
+    last_sink_ = &it->second;
+    return last_sink_;
+  }
 };
 
 }  // namespace rdmarpc::transport::rdma
