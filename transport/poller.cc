@@ -45,9 +45,9 @@ boost::asio::execution_context::id Poller::id;
 
 namespace {
 // The loop's epoll_wait as a raw system call: glibc's wrapper is a thread-cancellation point
-// (~40 instructions per wake-up for nothing here, as for the transports' recv and send). Out of
-// line and named, so that a profile counts the loop's sleeps by this function
-// (tools/bench/lib.sh, cg_calls).
+// (~30 instructions per wake-up more than this, for nothing here, as for the transports' recv
+// and send). Out of line and named, so that a profile counts the loop's sleeps by this
+// function (tools/bench/lib.sh, cg_sleeps).
 [[gnu::noipa]] int LoopEpollWait(int epfd, epoll_event* events, int max, int timeout_ms) {
   return static_cast<int>(::syscall(SYS_epoll_wait, epfd, events, max, timeout_ms));
 }

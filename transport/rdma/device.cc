@@ -222,7 +222,9 @@ void ThreadDevice::TakeEventsAndRearm() {
   // What the poller reported so far is taken here; events after this are reported anew.
   channel_ready_ = false;
   if (cqs_.size() == 1) [[likely]] {
-    // The usual thread, with up to ~100 connections (AcquireCq): one CQ, so no search.
+    // The usual thread, with up to ~100 connections (AcquireCq): one CQ. Written out rather
+    // than left to the loops below, whose counting and walking of the CQ list cost ~30
+    // instructions per wake-up more even with one entry (callgrind in the VM, both sides).
     CqSlot& slot = *cqs_.front();
     ibv_cq* cq;
     void* ctx;
