@@ -315,15 +315,19 @@ boost::asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) 
   co_return true;
 }
 
-// From plain (non-coroutine) test code: polls until `done()` holds or `limit` passes, and
-// returns done().
+// From plain (non-coroutine) test code: polls until `done()` holds (true) or `limit` passes
+// (false). `done()` is called once per poll and never again after it held, so it may act (a
+// connect attempt): calling it once more to report the result once failed a test whose second
+// connect found the server full again.
 template <class F>
 bool Eventually(F done, std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done() && std::chrono::steady_clock::now() < until) {
+  for (;;) {
+    const bool last_try = std::chrono::steady_clock::now() >= until;
+    if (done()) return true;
+    if (last_try) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return done();
 }
 
 // Runs `work` to completion on a fresh single-threaded io_context in this
