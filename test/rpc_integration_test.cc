@@ -1237,6 +1237,23 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
     CHECK(SampleValue(text, "rdmarpc_rdma_ring_used_bytes") >= 0);
   }
 
+  // The RDMA I/O threads' time accounting (asleep or polling; in the VM measured with the
+  // time-stamp counter, transport/rdma/tick_clock.h): the 500 ms call below is spent so by the
+  // client's thread at least, and no thread counts more time than passes. Process-wide sums:
+  // compared before and after.
+  const auto rdma_seconds = [&] {
+    const std::string t = metrics->Render();
+    double sum = 0;
+    for (const char* series :
+         {"rdmarpc_rdma_sleep_seconds_total", "rdmarpc_rdma_poll_seconds_total{mode=\"busy\"}",
+          "rdmarpc_rdma_poll_seconds_total{mode=\"spin\"}"}) {
+      sum += std::max(0.0, SampleValue(t, series));
+    }
+    return sum;
+  };
+  const double rdma_before = rdma ? rdma_seconds() : 0;
+  const auto sleep_started = std::chrono::steady_clock::now();
+
   // In flight: a call the server is still handling counts on both sides until it ends.
   SleepRequest sleep;
   sleep.set_ms(500);
@@ -1253,6 +1270,16 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
                    5000ms));
   CHECK(value("rdmarpc_client_in_flight" + m("Sleep") + "}") == 0);
   CHECK(value("rdmarpc_server_handling_seconds_sum" + m("Sleep") + "}") >= 0.5);
+  if (rdma) {
+    // Counted within 100 ms of the client's wake-up (ThreadDevice::CountTime).
+    double counted = 0;
+    CHECK(Eventually([&] { return (counted = rdma_seconds() - rdma_before) >= 0.45; }, 5000ms));
+    const double passed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - sleep_started).count();
+    INFO("accounted " << counted << " s over " << passed << " s");
+    // Two I/O threads (the server's and the channel's), plus what was still uncounted before.
+    CHECK(counted <= 2 * passed + 0.5);
+  }
 }
 
 TEST_CASE("a latency falls in the first histogram bucket whose bound is at least it", "[metrics]") {

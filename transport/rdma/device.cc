@@ -172,7 +172,7 @@ void ThreadDevice::Arm() {
     asio::post(ex_, [weak] {
       if (auto self = weak.lock()) {
         self->PollBurst();
-        self->CountTime(Stat::kRdmaBusyPollNanos, std::chrono::steady_clock::now());
+        self->CountTime(kBusyPollShare, self->clock_.Now());
         self->Arm();
       }
     });
@@ -182,7 +182,7 @@ void ThreadDevice::Arm() {
 }
 
 void ThreadDevice::Sleep() {
-  mark_ = std::chrono::steady_clock::now();
+  mark_ = clock_.Now();
   if (channel_ready_) [[unlikely]] {
     TakeReportedLater();
     return;
@@ -213,7 +213,7 @@ void ThreadDevice::OnChannelReady() {
   sleeping_ = false;
   channel_ready_ = false;
   Count(Stat::kRdmaWakeups);
-  CountTime(Stat::kRdmaSleepNanos, std::chrono::steady_clock::now());
+  CountTime(kSleepShare, clock_.Now());
   TakeEventsAndRearm();
   DrainEvented();
 }
@@ -262,7 +262,7 @@ void ThreadDevice::TookEvent(CqSlot& slot) {
 }
 
 void ThreadDevice::StartSpin() {
-  mark_ = std::chrono::steady_clock::now();
+  mark_ = clock_.Now();
   spin_until_ = mark_ + spin_window_;
   PostSpin();
 }
@@ -276,8 +276,8 @@ void ThreadDevice::PostSpin() {
 
 void ThreadDevice::Spin() {
   uint32_t taken = PollBurst();
-  auto now = std::chrono::steady_clock::now();
-  CountTime(Stat::kRdmaSpinNanos, now);
+  const uint64_t now = clock_.Now();
+  CountTime(kSpinShare, now);
   if (taken) spin_until_ = now + spin_window_;
   if (now < spin_until_) {
     // Found nothing: let any other runnable thread on this CPU go first. When threads
@@ -308,7 +308,7 @@ void ThreadDevice::DrainEvented() {
     more = more || slot->evented;
   }
   if (!more) {
-    if (spin_window_.count() > 0) {
+    if (spin_window_ns_ > 0) {
       StartSpin();
     } else {
       Sleep();
@@ -321,9 +321,17 @@ void ThreadDevice::DrainEvented() {
   });
 }
 
-void ThreadDevice::CountTime(Stat s, std::chrono::steady_clock::time_point now) {
-  Count(s, static_cast<uint64_t>(std::chrono::nanoseconds(now - mark_).count()));
-  mark_ = now;
+void ThreadDevice::CountTimes(uint64_t now) {
+  counted_at_ = now;
+  clock_.Calibrate();
+  static constexpr Stat kStats[kTimeShares] = {Stat::kRdmaBusyPollNanos, Stat::kRdmaSpinNanos,
+                                               Stat::kRdmaSleepNanos};
+  for (int i = 0; i < kTimeShares; ++i) {
+    if (uncounted_[i]) Count(kStats[i], clock_.ToNanos(uncounted_[i]));
+    uncounted_[i] = 0;
+  }
+  spin_window_ = clock_.FromNanos(spin_window_ns_);
+  count_period_ = clock_.FromNanos(kCountPeriodNs);
 }
 
 uint32_t ThreadDevice::PollAll() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "transport/poller.h"
+#include "transport/rdma/tick_clock.h"
 #include "transport/rdma/tunables.h"
 #include "transport/rdma/verbs.h"
 #include "transport/stats.h"
@@ -111,7 +112,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
       : ex_(ex),
         verbs_(verbs),
         busy_poll_(options.busy_poll),
-        spin_window_(std::chrono::microseconds(std::max(0, options.poll_spin_us))) {}
+        spin_window_ns_(uint64_t(std::max(0, options.poll_spin_us)) * 1000),
+        spin_window_(clock_.FromNanos(spin_window_ns_)),
+        count_period_(clock_.FromNanos(kCountPeriodNs)) {}
 
   Expected<void> Init();
 
@@ -158,8 +161,21 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // Takes up to kPollBudget completions from `cq` and returns how many: kPollBudget means some
   // may be left.
   uint32_t Poll(ibv_cq* cq);
-  // Adds the time since mark_ to `s` and moves mark_ to `now`.
-  void CountTime(Stat s, std::chrono::steady_clock::time_point now);
+  // The time accounting: CountTime adds the ticks since mark_ to `s`'s share and moves mark_ to
+  // `now` (a clock_ reading). CountTimes converts the shares and adds them to the stats, and
+  // re-measures the clock's rate (a steady_clock read), once kCountPeriodNs have passed since it
+  // last did: the stats trail by at most that, plus the interval in progress (a sleep counts
+  // when it ends, as before).
+  enum TimeShare { kBusyPollShare, kSpinShare, kSleepShare, kTimeShares };
+  void CountTime(TimeShare s, uint64_t now) {
+    const uint64_t ticks = now > mark_ ? now - mark_ : 0;
+    mark_ = now;
+    uncounted_[s] += ticks;
+    if (now - counted_at_ >= count_period_) [[unlikely]]
+      CountTimes(now);
+  }
+  void CountTimes(uint64_t now);
+  static constexpr uint64_t kCountPeriodNs = 100'000'000;
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
   // PollAll up to kSpinBurst times, until one takes something; returns how many it took.
@@ -191,10 +207,15 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   bool sleeping_ = false;       // waiting for the channel: its next event wakes the thread
   bool channel_ready_ = false;  // the channel reported events while the thread was not asleep
   bool busy_poll_;
-  std::chrono::nanoseconds spin_window_;
-  std::chrono::steady_clock::time_point spin_until_{};
+  TickClock clock_;
+  uint64_t spin_window_ns_;
+  uint64_t spin_window_;  // in clock_ ticks (re-derived as the clock's rate is re-measured)
+  uint64_t spin_until_ = 0;
   // Where the time accounting (CountTime) last stopped: busy-poll, spin or sleep started there.
-  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
+  uint64_t mark_ = clock_.Now();
+  uint64_t counted_at_ = mark_;  // CountTimes last ran
+  uint64_t count_period_;        // kCountPeriodNs in ticks
+  uint64_t uncounted_[kTimeShares] = {};
   std::unordered_map<uint32_t, std::weak_ptr<CompletionSink>> by_qp_;
   // The QP of the last completion and its entry in by_qp_ (null: none): a connection's
   // completions tend to come in runs, and a hit skips the hash look-up (~17 instructions per
