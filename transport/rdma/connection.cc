@@ -135,6 +135,13 @@ Expected<void> RdmaConnection::Setup() {
 
 void RdmaConnection::SetRemoteRing(const RingDescriptor& d) {
   remote_ = d;
+  // What every write into the peer's ring has in common (PostWrite fills in the rest).
+  write_wr_ = ibv_send_wr{};
+  write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  write_wr_.wr.rdma.rkey = remote_.rkey;
+  write_wr_.sg_list = &write_sge_;
+  write_sge_ = ibv_sge{};
+  write_sge_.lkey = send_.lkey;
   // No credit until the peer grants its ring (it may not be writable yet: see Open()).
   send_ring_ = SendRing(d.bytes, /*granted=*/false);
 }
@@ -527,18 +534,17 @@ void RdmaConnection::ReturnCredits() {
 }
 
 bool RdmaConnection::PostWrite(uint32_t offset, uint32_t bytes, uint32_t imm, bool signal) {
-  ibv_sge sge{};
-  sge.addr = reinterpret_cast<uint64_t>(send_.data) + offset;
-  sge.length = bytes;
-  sge.lkey = send_.lkey;
-  ibv_send_wr wr{};
-  wr.sg_list = bytes ? &sge : nullptr;
+  // The connection's own work request, set up once (SetRemoteRing): only what varies is written
+  // here. Zeroing a fresh one for every record cost ~21 instructions (callgrind in the VM); the
+  // provider reads it during ibv_post_send and keeps nothing of it.
+  write_sge_.addr = reinterpret_cast<uint64_t>(send_.data) + offset;
+  write_sge_.length = bytes;
+  ibv_send_wr& wr = write_wr_;
+  wr.wr_id = 0;
   wr.num_sge = bytes ? 1 : 0;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.imm_data = htobe32(imm);
   wr.wr.rdma.remote_addr = remote_.addr + offset;
-  wr.wr.rdma.rkey = remote_.rkey;
-  if (bytes && bytes <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+  wr.send_flags = bytes && bytes <= max_inline_ ? IBV_SEND_INLINE : 0;
   return PostSend(wr, signal);
 }
 

@@ -221,6 +221,10 @@ class RdmaConnection final : public Connection,
   uint32_t send_depth_ = kSendDepth;
   uint32_t send_unretired_ = 0, since_signal_ = 0;
   RingDescriptor remote_;
+  // PostWrite's work request and its one scatter entry: the fields every write shares are set
+  // by SetRemoteRing. One thread only, and no post keeps a pointer to them.
+  ibv_send_wr write_wr_{};
+  ibv_sge write_sge_{};
   ReceiveRing recv_ring_;
   SendRing send_ring_;
   std::deque<Outgoing> pending_;
