@@ -1,7 +1,7 @@
 // The clock of an RDMA I/O thread's own time accounting (the kRdma*Nanos stats: time asleep on
 // the completion channel, spinning, busy-polling) and of its spin window. It is read on every
-// wake-up and every spin step, so it has to be cheap: steady_clock's read (glibc and the vDSO)
-// cost ~30 instructions, twice per wake-up (callgrind in the VM).
+// wake-up and every spin step, so it has to be cheap: steady_clock's read (libstdc++, glibc and
+// the vDSO) cost ~20 instructions, two per wake-up (callgrind in the VM).
 //
 // Where the kernel itself keeps time with the CPU's time-stamp counter (its clocksource is
 // "tsc": the counter runs at a constant rate and agrees across CPUs) a tick is that counter, one
