@@ -686,19 +686,26 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     ServerCall call(shared_from_this(), f.header.call_id, bytes, peer_, entry->info.full_name,
                     deadline, std::move(md));
     ContextAccess::CountReceived(call.context(), f.payload.size());
-    const ServerInterceptors& interceptors = hosted.interceptors;
-    for (size_t i = 0; i < interceptors.size(); ++i) {
-      if (Status s = interceptors[i]->OnStart(call.context()); !s.ok()) {
-        // Rejected: those that let it through hear how it ended; the handler never runs, and
-        // the call ends with the interceptor's Status (as the handler's error would).
-        const auto elapsed = ServerContext::Clock::now() - now;
-        while (i-- > 0) interceptors[i]->OnFinish(call.context(), s, elapsed);
-        call.Finish(s, nullptr);
-        return;
+    if (const ServerInterceptors& interceptors = hosted.interceptors; !interceptors.empty()) {
+      for (size_t i = 0; i < interceptors.size(); ++i) {
+        if (Status s = interceptors[i]->OnStart(call.context()); !s.ok()) [[unlikely]] {
+          return RejectedByInterceptor(interceptors, i, call, std::move(s), now);
+        }
       }
+      call.SetInterceptors(&interceptors, now);
     }
-    if (!interceptors.empty()) call.SetInterceptors(&interceptors, now);
     entry->handler->Start(*hosted.service, std::move(call), f.payload);
+  }
+
+  // Interceptor `rejecter` turned the call away with `s`: those before it, which let it
+  // through, hear how it ended; the handler never runs, and the call ends with the
+  // interceptor's Status (as the handler's error would). Out of line: the rare path.
+  [[gnu::noinline, gnu::cold]] static void RejectedByInterceptor(
+      const ServerInterceptors& interceptors, size_t rejecter, ServerCall& call, Status s,
+      ServerContext::Clock::time_point started) {
+    const auto elapsed = ServerContext::Clock::now() - started;
+    while (rejecter-- > 0) interceptors[rejecter]->OnFinish(call.context(), s, elapsed);
+    call.Finish(s, nullptr);
   }
 
   // The method table look-up, out of line; remembers what it found for the next request (the

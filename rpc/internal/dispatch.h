@@ -242,13 +242,20 @@ class ServerCall {
   }
   [[gnu::noinline]] void FinishInterceptors(const Status& status,
                                             const google::protobuf::MessageLite* reply) {
-    // The Status is only built (and its text allocated) for a cancelled call.
-    std::optional<Status> cancelled;
-    if (context_.cancelled()) cancelled.emplace(StatusCode::kCancelled, "cancelled by the caller");
-    const Status& seen = cancelled ? *cancelled : status;
+    if (context_.cancelled()) [[unlikely]]
+      return FinishInterceptorsCancelled();
+    if (reply && status.ok()) ContextAccess::CountSent(context_, reply->ByteSizeLong());
+    TellInterceptors(status);
+  }
+  // The caller cancelled: the interceptors see CANCELLED whatever the handler returned. Apart,
+  // so that the common path builds no Status of its own (inline, it kept an optional<Status>
+  // on FinishInterceptors' stack, with the stack-protector check that comes with it: ~10
+  // instructions per call).
+  [[gnu::noinline, gnu::cold]] void FinishInterceptorsCancelled() {
+    TellInterceptors(Status(StatusCode::kCancelled, "cancelled by the caller"));
+  }
+  [[gnu::always_inline]] void TellInterceptors(const Status& seen) {
     const auto elapsed = std::chrono::steady_clock::now() - started_;
-    if (reply && status.ok() && !cancelled)
-      ContextAccess::CountSent(context_, reply->ByteSizeLong());
     for (auto it = interceptors_->rbegin(); it != interceptors_->rend(); ++it) {
       (*it)->OnFinish(context_, seen, elapsed);
     }
