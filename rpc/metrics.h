@@ -120,6 +120,10 @@ struct MethodStats {
     return s ? *s : MakeShard(slot);
   }
   Shard& MakeShard(size_t slot);
+  // The first record of a thread or into a new shard, and the shared slot's records.
+  [[gnu::noinline]] void StartedSlow();
+  [[gnu::noinline]] void FinishedSlow(StatusCode code, std::chrono::nanoseconds elapsed,
+                                      uint64_t bytes_in, uint64_t bytes_out);
   std::atomic<Shard*> shards_[kShards + 1]{};  // made on a slot's first use
 };
 
