@@ -26,89 +26,137 @@ CONNECTIONS_HISTORY = (
     "start the client; fixed the same day, and the VM section below is from the run after the "
     "fix.")
 
+# RDMA latency ratios measured by hand in another VM boot right after this run (rounds of
+# ib_write_lat next to rdmarpc_bench; empty when none). Under TCG the baseline moves from boot
+# to boot, so a latency target met in one boot only is not counted as met (see the caution).
+LATENCY_RECHECK = {  # key: rounds of (rdmarpc p50 us, ib_write_lat round trip us)
+    "busy-poll 64": [(52.5, 33.9), (68.1, 37.72), (42.2, 27.12)],
+    "adaptive 64": [(52.5, 33.9), (61.2, 37.72), (43.8, 27.12)],
+    "busy-poll 4096": [(301.1, 208.08), (218.1, 187.6), (234.5, 146.8)],
+}
+
+
+def latency_met(q, target, key):
+    """The met cell of an RDMA latency row: a ratio within target in this run counts only where
+    the by-hand rounds of another boot (LATENCY_RECHECK) agree."""
+    import statistics
+    if q > target:
+        return "no"
+    rounds = LATENCY_RECHECK.get(key)
+    if not rounds:
+        return "yes"
+    again = [ours / raw for ours, raw in rounds]
+    m = statistics.median(again)
+    if m <= target:
+        return "yes (and in another boot by hand, median %.2fx)" % m
+    return ("not counted: met in this boot only; by hand in the next boot %s (median %.2fx)"
+            % (" / ".join("%.2fx" % x for x in again), m))
+
+
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-05, twenty-eighth session, on 4170569: since the run before, an RDMA "
-    "connection remembers the last QP's entry and takes errors and send completions first "
-    "(19e0c20), the RDMA device's time accounting reads the time-stamp counter instead of "
-    "steady_clock (9414576) and each connection keeps its write work request (4170569)): one "
-    "run_all.sh from start to end, `bash tools/bench/run_all.sh`. Instructions per call over "
-    "rdma:// in the VM (events mode) server 3,409 -> 3,346, client 3,155 -> 3,094 (the run "
-    "before's figures first), still 846 and 594 over the 2,500 target; over TCP unchanged, "
-    "2,329 / 2,071 (these steps are on the RDMA path only). RDMA busy-poll 64 B 1.47x "
-    "ib_write_lat (1.45x before), 4 KiB 1.35x (1.44x); adaptive 64 B 2.16x (1.61x), its p50 "
-    "56.1 us against 39.7 us in the run before, and worse at every size in this boot. Checked "
-    "by hand in one boot after this run (`rdmarpc_bench` of 42c0476, before the two RDMA steps, "
-    "and of 4170569, 3 interleaved rounds of 3 s, adaptive, fresh server each): 64 B p50 38.1 / "
-    "36.6 / 35.1 us against 34.6 / 34.6 / 41.2 us, 4 KiB 181.2 / 177.2 / 187.4 against 185.3 / "
-    "177.2 / 203.8 us: no difference between the builds, so this run's adaptive figures are "
-    "its boot's. 1 MiB one way 103.3% of ib_write_bw. TCP 64 B depth-1 1.03x the raw "
-    "ping-pong. "
-    "The run before: "
-    "(2026-12-05, twenty-seventh session, on 4bf3095: the event loop's epoll_wait as a "
-    "raw system call, and a cheaper RDMA wake-up -- one CQ's event taken and re-armed without "
-    "walking the CQ list, Sleep's rare path out of line): one run_all.sh from start to end, "
-    "`bash tools/bench/run_all.sh`. Instructions per call over rdma:// in the VM (events mode) "
-    "server 3,517 -> 3,409, client 3,279 -> 3,155 (the run before's figures first; by hand in "
-    "one boot, two rounds of each build: server 3,518/3,526 -> 3,428/3,396, client "
-    "3,274/3,264 -> 3,164/3,174), still 909 and 655 over the 2,500 target; over TCP server "
-    "2,366 -> 2,329, client 2,108 -> 2,071. RDMA busy-poll 64 B 1.45x ib_write_lat (1.55x "
-    "before), adaptive 1.61x (1.75x), 4 KiB 1.44x (1.42x): in this emulated guest a call's "
-    "latency follows its instruction count (see the RDMA 64 B note below), and 100 "
-    "instructions per side are about 1 us of a ~36 us round trip, so most of these moves are "
-    "the boot's, not the change's. 1 MiB one way at 138.8% of ib_write_bw: perftest's own "
-    "figure fell to 42.8 MB/s in this boot (56.8 the run before) while rdmarpc's stayed at "
-    "52.8-59.4 MB/s, so that ratio is the boot's too. TCP 64 B depth-1 median 1.09x the raw "
-    "ping-pong, as before. "
-    "The run before: "
-    "(2026-12-05, twenty-sixth session, on 1f620d6's code plus a valgrind-only "
-    "change: TCP connections on rdmarpc's own loop receive through io_uring): one run_all.sh "
-    "from start to end, `bash tools/bench/run_all.sh`. TCP 64 B depth-1 rounds 1.09x / 1.23x / "
-    "1.09x the raw ping-pong (median 1.09x: the 1.15x target met; the run before 1.17x). The "
-    "CPU rows over TCP count the readiness path (under valgrind rdmarpc does not use io_uring, "
-    "see the CPU paragraph): 2,366 / 2,108, as before; the io_uring path measured by hand "
-    "2,221 / 2,092. The RDMA rows are the same code as the run before (the RDMA transport does "
-    "not use io_uring); their boot-to-boot moves are the emulated guest's. The run before: "
-    "(2026-12-05, twenty-fifth session, on 2c0015c: the loop of our own, "
-    "`rdmarpc::RunLoop`, on the server's I/O threads and the benchmark's client loops): one "
-    "run_all.sh from start to end, `bash tools/bench/run_all.sh`. Instructions per call over "
-    "TCP: server 2,722 -> 2,321, client 2,461 -> 2,063 (the run before's figures first): both "
-    "meet the 2,500 target; over rdma:// in the VM (events mode) server 3,914 -> 3,496, client "
-    "3,656 -> 3,251. TCP 64 B depth-1 rounds 1.165x / 1.167x / 1.00x the raw ping-pong (median "
-    "1.17x, as before: at depth 1 the gap is mostly the event loop's epoll_wait on each side, a "
-    "system call of ~1.1 us on this host, which fewer instructions do not take away). RDMA "
-    "busy-poll 64 B at 1.55x ib_write_lat and 4 KiB at 1.48x (1.28x and 1.09x in the run "
-    "before, whose boot measured ib_write_lat 4 KiB at 176.5 us against 135.0 us in this one). "
-    "Checked by hand in one boot after this run (one rdmarpc_bench binary run with the loop of "
-    "our own and with ioc.run() on both sides, 3 interleaved rounds of 3 s, 64 B; ib_write_lat "
-    "25.2 / 24.8 us round trip before and after): busy-poll p50 38.1 / 38.1 / 38.1 us against "
-    "38.1 / 37.6 / 41.2 us with ioc.run(), adaptive 41.7 / 45.8 / 41.7 against 40.7 / 54.0 / "
-    "40.2 us: the loop changes neither; the boots differ, and busy-poll's 1.3x target counts as "
-    "not met. The run before (twenty-second session, on 8ed34b7: the CQ poll bursts of "
-    "busy-poll and adaptive spinning, the TCP reset fix and the client-stream table): TCP 64 B "
-    "depth-1 rounds 1.19x / 1.16x / 1.17x; RDMA busy-poll 64 B at 1.28x ib_write_lat (1.59x in "
-    "the run before that) and 4 KiB at 1.09x, where by hand the poll bursts showed no "
-    "difference that a boot's noise did not cover (see Polling modes). "
-    "The run before that (twenty-first session, on b398e95): TCP 64 B at 1.15x, "
-    "server 2,713 / client 2,452 over TCP, 3,908 / 3,642 over rdma://; the 64 B server stream "
-    "at 3.83 M messages/s (by hand 4.0-7.2 M from run to run against one server: this "
-    "machine's noise). Earlier, on 32deb4b: "
-    "one run_all.sh from start to end, in a quiet hour, on "
-    "the same host CPU as the run before (AMD EPYC). It is the first run whose Soft-RoCE guest "
-    "boots with `tsc=reliable` (tools/vm/rxe_vm.sh, 32deb4b): until then the guest kernel judged "
-    "its two emulated CPUs' TSCs unsynchronized and ran on the HPET clocksource, where every "
-    "clock_gettime is a system call plus an emulated device read (869 ns against 56-74 ns on "
-    "the TSC, measured in the guest). perftest reads the TSC directly and did not pay it; "
-    "rdmarpc's deadlines, event loop and benchmark timing did, so the RDMA ratios of earlier "
-    "runs overstate rdmarpc's share. By hand before the full run, ib_write_lat then "
-    "rdmarpc_bench 64 B in one boot each, two rounds per boot: busy-poll 1.67x/1.80x "
-    "ib_write_lat on HPET against 1.55x/1.52x on the TSC, adaptive 1.83x/1.96x against "
-    "1.68x/1.71x. The rdmarpc code is the run before's (c4cc860, plus comments and a constant's "
-    "initialization). Every TCP depth-1 round's ratio: 64 B 1.18x/1.15x/1.16x (median 1.157x: "
-    "the 1.15x target missed by less than 0.01x again), 4 KiB 1.19x/1.19x/1.19x, 1 MiB "
-    "1.29x/1.27x/1.27x (the 2x target met in every round). Callgrind over TCP: 2,483 client / "
-    "2,933 server at one sleep of the event loop per call (the run before 2,483 / 2,934): the "
-    "client meets its 2,500 target, the server is 433 over it.")
+    "This run (2026-12-05, twenty-ninth session, on 0d3cf5b: since the run before, two cuts "
+    "to what metrics cost, on the server's interceptor path (ea8081e) and in the counting "
+    "itself (0d3cf5b); the RDMA transport is the run before's): one run_all.sh from start to "
+    "end, `bash tools/bench/run_all.sh`. Metrics overhead (callgrind) +248 client / +215 "
+    "server instructions per call, against +258 / +246 in the run before; depth-32 calls/s "
+    "0.907x with metrics on (0.943x before: the timed rows move by several percent between "
+    "runs). Instructions per call over TCP 2,323 / 2,071 (server / client; 2,329 / 2,071 "
+    "before), over rdma:// in the VM (events mode) 3,336 / 3,100 (3,346 / 3,094), still 836 "
+    "and 600 over the 2,500 target. The RDMA latency rows of the targets table read as met "
+    "in this run (busy-poll 64 B 1.04x, adaptive 1.18x, 4 KiB 0.74x) only because perftest's "
+    "own round trip was slow in this boot (ib_write_lat 64 B 37.2 us against 26.0 us the run "
+    "before, 4 KiB 249.9 against 144.4 us) while rdmarpc's stayed where it was (busy-poll 64 "
+    "B 38.7 us against 38.1 us). Checked by hand in the next boot right after (`ib_write_lat "
+    "-s SIZE -n 2000` and `rdmarpc_bench --duration 3 --warmup 1` of the same build, 3 "
+    "interleaved rounds, through tools/vm/rxe_vm.sh): ib_write_lat 64 B 33.9 / 37.7 / 27.1 "
+    "us, busy-poll 52.5 / 68.1 / 42.2 us, adaptive 52.5 / 61.2 / 43.8 us, ib_write_lat 4 KiB "
+    "208.1 / 187.6 / 146.8 us, busy-poll 4 KiB 301.1 / 218.1 / 234.5 us: ratios busy-poll 64 "
+    "B 1.55x / 1.81x / 1.56x, adaptive 1.55x / 1.62x / 1.62x, 4 KiB 1.45x / 1.16x / 1.60x. "
+    "So those three targets are not met, and the table says so (LATENCY_RECHECK in "
+    "tools/bench/report.py). The run before (2026-12-05, twenty-eighth session, on 4170569: "
+    "since the run before, an RDMA connection remembers the last QP's entry and takes errors "
+    "and send completions first (19e0c20), the RDMA device's time accounting reads the "
+    "time-stamp counter instead of steady_clock (9414576) and each connection keeps its "
+    "write work request (4170569)): one run_all.sh from start to end, `bash "
+    "tools/bench/run_all.sh`. Instructions per call over rdma:// in the VM (events mode) "
+    "server 3,409 -> 3,346, client 3,155 -> 3,094 (the run before's figures first), still "
+    "846 and 594 over the 2,500 target; over TCP unchanged, 2,329 / 2,071 (these steps are "
+    "on the RDMA path only). RDMA busy-poll 64 B 1.47x ib_write_lat (1.45x before), 4 KiB "
+    "1.35x (1.44x); adaptive 64 B 2.16x (1.61x), its p50 56.1 us against 39.7 us in the run "
+    "before, and worse at every size in this boot. Checked by hand in one boot after this "
+    "run (`rdmarpc_bench` of 42c0476, before the two RDMA steps, and of 4170569, 3 "
+    "interleaved rounds of 3 s, adaptive, fresh server each): 64 B p50 38.1 / 36.6 / 35.1 us "
+    "against 34.6 / 34.6 / 41.2 us, 4 KiB 181.2 / 177.2 / 187.4 against 185.3 / 177.2 / "
+    "203.8 us: no difference between the builds, so this run's adaptive figures are its "
+    "boot's. 1 MiB one way 103.3% of ib_write_bw. TCP 64 B depth-1 1.03x the raw ping-pong. "
+    'Earlier runs: see "Earlier runs" at the end of this page.')
+
+# The notes of earlier runs, oldest last (what each run changed and what it measured).
+EARLIER_RUNS = (
+    "The run before: (2026-12-05, twenty-seventh session, on 4bf3095: the event loop's "
+    "epoll_wait as a raw system call, and a cheaper RDMA wake-up -- one CQ's event taken and "
+    "re-armed without walking the CQ list, Sleep's rare path out of line): one run_all.sh "
+    "from start to end, `bash tools/bench/run_all.sh`. Instructions per call over rdma:// in "
+    "the VM (events mode) server 3,517 -> 3,409, client 3,279 -> 3,155 (the run before's "
+    "figures first; by hand in one boot, two rounds of each build: server 3,518/3,526 -> "
+    "3,428/3,396, client 3,274/3,264 -> 3,164/3,174), still 909 and 655 over the 2,500 "
+    "target; over TCP server 2,366 -> 2,329, client 2,108 -> 2,071. RDMA busy-poll 64 B "
+    "1.45x ib_write_lat (1.55x before), adaptive 1.61x (1.75x), 4 KiB 1.44x (1.42x): in this "
+    "emulated guest a call's latency follows its instruction count (see the RDMA 64 B note "
+    "below), and 100 instructions per side are about 1 us of a ~36 us round trip, so most of "
+    "these moves are the boot's, not the change's. 1 MiB one way at 138.8% of ib_write_bw: "
+    "perftest's own figure fell to 42.8 MB/s in this boot (56.8 the run before) while "
+    "rdmarpc's stayed at 52.8-59.4 MB/s, so that ratio is the boot's too. TCP 64 B depth-1 "
+    "median 1.09x the raw ping-pong, as before. The run before: (2026-12-05, twenty-sixth "
+    "session, on 1f620d6's code plus a valgrind-only change: TCP connections on rdmarpc's "
+    "own loop receive through io_uring): one run_all.sh from start to end, `bash "
+    "tools/bench/run_all.sh`. TCP 64 B depth-1 rounds 1.09x / 1.23x / 1.09x the raw "
+    "ping-pong (median 1.09x: the 1.15x target met; the run before 1.17x). The CPU rows over "
+    "TCP count the readiness path (under valgrind rdmarpc does not use io_uring, see the CPU "
+    "paragraph): 2,366 / 2,108, as before; the io_uring path measured by hand 2,221 / 2,092. "
+    "The RDMA rows are the same code as the run before (the RDMA transport does not use "
+    "io_uring); their boot-to-boot moves are the emulated guest's. The run before: "
+    "(2026-12-05, twenty-fifth session, on 2c0015c: the loop of our own, `rdmarpc::RunLoop`, "
+    "on the server's I/O threads and the benchmark's client loops): one run_all.sh from "
+    "start to end, `bash tools/bench/run_all.sh`. Instructions per call over TCP: server "
+    "2,722 -> 2,321, client 2,461 -> 2,063 (the run before's figures first): both meet the "
+    "2,500 target; over rdma:// in the VM (events mode) server 3,914 -> 3,496, client 3,656 "
+    "-> 3,251. TCP 64 B depth-1 rounds 1.165x / 1.167x / 1.00x the raw ping-pong (median "
+    "1.17x, as before: at depth 1 the gap is mostly the event loop's epoll_wait on each "
+    "side, a system call of ~1.1 us on this host, which fewer instructions do not take "
+    "away). RDMA busy-poll 64 B at 1.55x ib_write_lat and 4 KiB at 1.48x (1.28x and 1.09x in "
+    "the run before, whose boot measured ib_write_lat 4 KiB at 176.5 us against 135.0 us in "
+    "this one). Checked by hand in one boot after this run (one rdmarpc_bench binary run "
+    "with the loop of our own and with ioc.run() on both sides, 3 interleaved rounds of 3 s, "
+    "64 B; ib_write_lat 25.2 / 24.8 us round trip before and after): busy-poll p50 38.1 / "
+    "38.1 / 38.1 us against 38.1 / 37.6 / 41.2 us with ioc.run(), adaptive 41.7 / 45.8 / "
+    "41.7 against 40.7 / 54.0 / 40.2 us: the loop changes neither; the boots differ, and "
+    "busy-poll's 1.3x target counts as not met. The run before (twenty-second session, on "
+    "8ed34b7: the CQ poll bursts of busy-poll and adaptive spinning, the TCP reset fix and "
+    "the client-stream table): TCP 64 B depth-1 rounds 1.19x / 1.16x / 1.17x; RDMA busy-poll "
+    "64 B at 1.28x ib_write_lat (1.59x in the run before that) and 4 KiB at 1.09x, where by "
+    "hand the poll bursts showed no difference that a boot's noise did not cover (see "
+    "Polling modes). The run before that (twenty-first session, on b398e95): TCP 64 B at "
+    "1.15x, server 2,713 / client 2,452 over TCP, 3,908 / 3,642 over rdma://; the 64 B "
+    "server stream at 3.83 M messages/s (by hand 4.0-7.2 M from run to run against one "
+    "server: this machine's noise). Earlier, on 32deb4b: one run_all.sh from start to end, "
+    "in a quiet hour, on the same host CPU as the run before (AMD EPYC). It is the first run "
+    "whose Soft-RoCE guest boots with `tsc=reliable` (tools/vm/rxe_vm.sh, 32deb4b): until "
+    "then the guest kernel judged its two emulated CPUs' TSCs unsynchronized and ran on the "
+    "HPET clocksource, where every clock_gettime is a system call plus an emulated device "
+    "read (869 ns against 56-74 ns on the TSC, measured in the guest). perftest reads the "
+    "TSC directly and did not pay it; rdmarpc's deadlines, event loop and benchmark timing "
+    "did, so the RDMA ratios of earlier runs overstate rdmarpc's share. By hand before the "
+    "full run, ib_write_lat then rdmarpc_bench 64 B in one boot each, two rounds per boot: "
+    "busy-poll 1.67x/1.80x ib_write_lat on HPET against 1.55x/1.52x on the TSC, adaptive "
+    "1.83x/1.96x against 1.68x/1.71x. The rdmarpc code is the run before's (c4cc860, plus "
+    "comments and a constant's initialization). Every TCP depth-1 round's ratio: 64 B "
+    "1.18x/1.15x/1.16x (median 1.157x: the 1.15x target missed by less than 0.01x again), 4 "
+    "KiB 1.19x/1.19x/1.19x, 1 MiB 1.29x/1.27x/1.27x (the 2x target met in every round). "
+    "Callgrind over TCP: 2,483 client / 2,933 server at one sleep of the event loop per call "
+    "(the run before 2,483 / 2,934): the client meets its 2,500 target, the server is 433 "
+    "over it.")
 
 # Earlier runs of the metrics overhead, for comparison with the table of the current run.
 METRICS_HISTORY = (
@@ -367,11 +415,11 @@ def main():
     bp = ours.get(("busy-poll", 64))
     if wl and bp:
         q = bp["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(f"| RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat) | {q:.2f}x | {'yes' if q <= 1.3 else 'no'} |")
+        w(f"| RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat) | {q:.2f}x | {latency_met(q, 1.3, 'busy-poll 64')} |")
     ad = ours.get(("adaptive", 64))
     if wl and ad:
         q = ad["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(f"| RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat | {q:.2f}x | {'yes' if q <= 1.5 else 'no'} |")
+        w(f"| RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat | {q:.2f}x | {latency_met(q, 1.5, 'adaptive 64')} |")
     if idle_cpu.get("adaptive") is not None:
         c = idle_cpu["adaptive"]
         w(f"| RDMA (VM), default settings: idle server under 1% of a core | {c:.2f}% | {'yes' if c < 1 else 'no'} |")
@@ -389,7 +437,7 @@ def main():
     wl4, bp4 = perf.get(("ib_write_lat", 4096)), ours.get(("busy-poll", 4096))
     if wl4 and bp4:
         q = bp4["p50_us"] / (2 * wl4["half_rtt_typical_us"])
-        w(f"| RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat | {q:.2f}x | {'yes' if q <= 1.2 else 'no'} |")
+        w(f"| RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat | {q:.2f}x | {latency_met(q, 1.2, 'busy-poll 4096')} |")
     w("")
     w("A caution on the RDMA latency rows: they are ratios to perftest's own round trip in the "
       "same boot, and under TCG emulation that baseline moves a lot from boot to boot while "
@@ -989,6 +1037,11 @@ def main():
             for line in f:
                 w(line.rstrip())
         w("")
+
+    w("## Earlier runs")
+    w("")
+    w(EARLIER_RUNS)
+    w("")
 
     # --- plots ----------------------------------------------------------------------------
     plot_dir = os.path.join(os.path.dirname(out_md), "bench")
