@@ -29,6 +29,7 @@ CONNECTIONS_HISTORY = (
 # RDMA latency ratios measured by hand in another VM boot right after this run (rounds of
 # ib_write_lat next to rdmarpc_bench; empty when none). Under TCG the baseline moves from boot
 # to boot, so a latency target met in one boot only is not counted as met (see the caution).
+# It belongs to the run RUN_NOTE describes: when RUN_NOTE changes, redo the check or empty it.
 LATENCY_RECHECK = {  # key: rounds of (rdmarpc p50 us, ib_write_lat round trip us)
     "busy-poll 64": [(52.5, 33.9), (68.1, 37.72), (42.2, 27.12)],
     "adaptive 64": [(52.5, 33.9), (61.2, 37.72), (43.8, 27.12)],
