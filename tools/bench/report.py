@@ -54,6 +54,28 @@ def latency_met(q, target, key):
             % (" / ".join("%.2fx" % x for x in again), m))
 
 
+def round_ratios(rdma, mode, size):
+    """Per-round ratios of rdmarpc's p50 to ib_write_lat's round trip (vm_bench.sh's interleaved
+    rounds, kind "round"), in round order; empty for runs made before they existed."""
+    rounds = [r for r in rdma if r.get("kind") == "round" and r["bytes"] == size]
+    raw = {r["round"]: r["rtt_us"] for r in rounds if r["what"] == "ib_write_lat"}
+    return [r["rtt_us"] / raw[r["round"]] for r in sorted(rounds, key=lambda r: r["round"])
+            if r["what"] == mode and raw.get(r["round"], 0) > 0]
+
+
+def latency_target_row(rdma, label, q, mode, size, target, key):
+    """A targets-table row for an RDMA latency target: judged by the median of the interleaved
+    rounds where the run has them, else by the single ratio `q` (and LATENCY_RECHECK)."""
+    import statistics
+    rr = round_ratios(rdma, mode, size)
+    if not rr:
+        return f"| {label} | {q:.2f}x | {latency_met(q, target, key)} |"
+    m = statistics.median(rr)
+    each = " / ".join(f"{x:.2f}x" for x in rr)
+    return (f"| {label} | {m:.2f}x (median of {len(rr)} interleaved rounds: {each}; the single "
+            f"measurement in the table below: {q:.2f}x) | {'yes' if m <= target else 'no'} |")
+
+
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
     "This run (2026-12-05, twenty-ninth session, on 0d3cf5b: since the run before, two cuts "
@@ -416,11 +438,11 @@ def main():
     bp = ours.get(("busy-poll", 64))
     if wl and bp:
         q = bp["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(f"| RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat) | {q:.2f}x | {latency_met(q, 1.3, 'busy-poll 64')} |")
+        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat)", q, "busy-poll", 64, 1.3, "busy-poll 64"))
     ad = ours.get(("adaptive", 64))
     if wl and ad:
         q = ad["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(f"| RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat | {q:.2f}x | {latency_met(q, 1.5, 'adaptive 64')} |")
+        w(latency_target_row(rdma, "RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat", q, "adaptive", 64, 1.5, "adaptive 64"))
     if idle_cpu.get("adaptive") is not None:
         c = idle_cpu["adaptive"]
         w(f"| RDMA (VM), default settings: idle server under 1% of a core | {c:.2f}% | {'yes' if c < 1 else 'no'} |")
@@ -438,10 +460,12 @@ def main():
     wl4, bp4 = perf.get(("ib_write_lat", 4096)), ours.get(("busy-poll", 4096))
     if wl4 and bp4:
         q = bp4["p50_us"] / (2 * wl4["half_rtt_typical_us"])
-        w(f"| RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat | {q:.2f}x | {latency_met(q, 1.2, 'busy-poll 4096')} |")
+        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat", q, "busy-poll", 4096, 1.2, "busy-poll 4096"))
     w("")
     w("A caution on the RDMA latency rows: they are ratios to perftest's own round trip in the "
-      "same boot, and under TCG emulation that baseline moves a lot from boot to boot while "
+      "same boot (since 2026-12-05's twenty-ninth session, the median of three interleaved "
+      "rounds of ib_write_lat and rdmarpc_bench, each round a fresh server: vm_bench.sh's "
+      "\"round\" lines in docs/bench/rdma.jsonl), and under TCG emulation that baseline moves a lot from boot to boot while "
       "rdmarpc's p50 moves less. On the same RDMA code, the run for c58b12a (2026-12-01) "
       "measured ib_write_lat 64 B at 26.1 us RTT and rdmarpc busy-poll at 2.18x (adaptive "
       f"2.42x); this run measured {2 * wl['half_rtt_typical_us']:.1f} us and the ratios above. Count an RDMA latency target "
