@@ -105,7 +105,7 @@ RUN_NOTE = (
     "/ 61.2 / 43.8 us, ib_write_lat 4 KiB 208.1 / 187.6 / 146.8 us, busy-poll 4 KiB 301.1 / "
     "218.1 / 234.5 us: ratios busy-poll 64 B 1.55x / 1.81x / 1.56x, adaptive 1.55x / 1.62x / "
     "1.62x, 4 KiB 1.45x / 1.16x / 1.60x. So those three targets were not met, and that run's "
-    "table said so; the interleaved rounds of this run (below) come from it. Earlier runs: "
+    "table said so; vm_bench.sh's interleaved rounds come from it. Earlier runs: "
     'see "Earlier runs" at the end of this page.')
 
 # The notes of earlier runs, oldest last (what each run changed and what it measured).
