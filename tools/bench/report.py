@@ -26,30 +26,6 @@ CONNECTIONS_HISTORY = (
     "start the client; fixed the same day, and the VM section below is from the run after the "
     "fix.")
 
-# RDMA latency ratios measured by hand in another VM boot right after this run (rounds of
-# ib_write_lat next to rdmarpc_bench; empty when none). Under TCG the baseline moves from boot
-# to boot, so a latency target met in one boot only is not counted as met (see the caution).
-# It belongs to the run RUN_NOTE describes: when RUN_NOTE changes, redo the check or empty it.
-LATENCY_RECHECK = {}  # key: rounds of (rdmarpc p50 us, ib_write_lat round trip us)
-
-
-def latency_met(q, target, key):
-    """The met cell of an RDMA latency row: a ratio within target in this run counts only where
-    the by-hand rounds of another boot (LATENCY_RECHECK) agree."""
-    import statistics
-    if q > target:
-        return "no"
-    rounds = LATENCY_RECHECK.get(key)
-    if not rounds:
-        return "yes"
-    again = [ours / raw for ours, raw in rounds]
-    m = statistics.median(again)
-    if m <= target:
-        return "yes (and in another boot by hand, median %.2fx)" % m
-    return ("not counted: met in this boot only; by hand in the next boot %s (median %.2fx)"
-            % (" / ".join("%.2fx" % x for x in again), m))
-
-
 def round_ratios(rdma, mode, size):
     """Per-round ratios of rdmarpc's p50 to ib_write_lat's round trip (vm_bench.sh's interleaved
     rounds, kind "round"), in round order; empty for runs made before they existed."""
@@ -59,13 +35,13 @@ def round_ratios(rdma, mode, size):
             if r["what"] == mode and raw.get(r["round"], 0) > 0]
 
 
-def latency_target_row(rdma, label, q, mode, size, target, key):
+def latency_target_row(rdma, label, q, mode, size, target):
     """A targets-table row for an RDMA latency target: judged by the median of the interleaved
-    rounds where the run has them, else by the single ratio `q` (and LATENCY_RECHECK)."""
+    rounds where the run has them, else by the single ratio `q`."""
     import statistics
     rr = round_ratios(rdma, mode, size)
     if not rr:
-        return f"| {label} | {q:.2f}x | {latency_met(q, target, key)} |"
+        return f"| {label} | {q:.2f}x | {'yes' if q <= target else 'no'} |"
     m = statistics.median(rr)
     each = " / ".join(f"{x:.2f}x" for x in rr)
     return (f"| {label} | {m:.2f}x (median of {len(rr)} interleaved rounds: {each}; the single "
@@ -447,11 +423,11 @@ def main():
     bp = ours.get(("busy-poll", 64))
     if wl and bp:
         q = bp["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat)", q, "busy-poll", 64, 1.3, "busy-poll 64"))
+        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 64 B round trip within 1.3x of raw verbs (ib_write_lat)", q, "busy-poll", 64, 1.3))
     ad = ours.get(("adaptive", 64))
     if wl and ad:
         q = ad["p50_us"] / (2 * wl["half_rtt_typical_us"])
-        w(latency_target_row(rdma, "RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat", q, "adaptive", 64, 1.5, "adaptive 64"))
+        w(latency_target_row(rdma, "RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat", q, "adaptive", 64, 1.5))
     if idle_cpu.get("adaptive") is not None:
         c = idle_cpu["adaptive"]
         w(f"| RDMA (VM), default settings: idle server under 1% of a core | {c:.2f}% | {'yes' if c < 1 else 'no'} |")
@@ -469,7 +445,7 @@ def main():
     wl4, bp4 = perf.get(("ib_write_lat", 4096)), ours.get(("busy-poll", 4096))
     if wl4 and bp4:
         q = bp4["p50_us"] / (2 * wl4["half_rtt_typical_us"])
-        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat", q, "busy-poll", 4096, 1.2, "busy-poll 4096"))
+        w(latency_target_row(rdma, "RDMA (VM), busy-poll: 4 KiB round trip within 1.2x of ib_write_lat", q, "busy-poll", 4096, 1.2))
     w("")
     w("A caution on the RDMA latency rows: they are ratios to perftest's own round trip in the "
       "same boot (since 2026-12-05's twenty-ninth session, the median of three interleaved "
