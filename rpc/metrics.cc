@@ -107,9 +107,13 @@ void Record(MethodStats::Shard& s, size_t code, size_t bucket, uint64_t ns, uint
 // Started and Finished take the common case -- the thread owns a slot and its shard exists --
 // without a call, and hand anything else to a tail call: with the claim and the shard's
 // creation called from their bodies, each saved and restored five registers on every call.
-void MethodStats::Started() {
+inline MethodStats::Shard* MethodStats::OwnedShard() {
   const size_t slot = t_slot;
-  Shard* s = slot < kShards ? shards_[slot].load(std::memory_order_acquire) : nullptr;
+  return slot < kShards ? shards_[slot].load(std::memory_order_acquire) : nullptr;
+}
+
+void MethodStats::Started() {
+  Shard* s = OwnedShard();
   if (!s) [[unlikely]]
     return StartedSlow();
   Add(s->started, 1, false);
@@ -129,8 +133,7 @@ size_t CodeIndex(StatusCode code) {
 
 void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
                            uint64_t bytes_out) {
-  const size_t slot = t_slot;
-  Shard* s = slot < kShards ? shards_[slot].load(std::memory_order_acquire) : nullptr;
+  Shard* s = OwnedShard();
   if (!s) [[unlikely]]
     return FinishedSlow(code, elapsed, bytes_in, bytes_out);
   const int64_t ns = std::max<int64_t>(elapsed.count(), 0);

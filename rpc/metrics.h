@@ -120,6 +120,9 @@ struct MethodStats {
     return s ? *s : MakeShard(slot);
   }
   Shard& MakeShard(size_t slot);
+  // The calling thread's own shard: null when the thread has no slot of its own (none claimed
+  // yet, or the shared one) or the slot's shard is not made yet.
+  Shard* OwnedShard();
   // The first record of a thread or into a new shard, and the shared slot's records.
   [[gnu::noinline]] void StartedSlow();
   [[gnu::noinline]] void FinishedSlow(StatusCode code, std::chrono::nanoseconds elapsed,
