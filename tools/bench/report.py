@@ -50,7 +50,23 @@ def latency_target_row(rdma, label, q, mode, size, target):
 
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-05, twenty-ninth session, on 92c05fe: the code of the run before, "
+    "This run (2026-12-05, thirtieth session, on 812acbb's code, with tools/bench/vm_bench.sh "
+    "measuring what metrics cost over rdma:// as well): one run_all.sh from start to end, "
+    "`bash tools/bench/run_all.sh`. The rdmarpc code is the run before's (the commits since "
+    "changed docs, report.py and vm_bench.sh only). Over rdma:// in the VM, metrics on cost "
+    "+216 / +244 instructions per call (server / client, callgrind, events mode), and in 5 "
+    "interleaved rounds of busy-poll 64 B depth-1 p50 1.000x and depth-32 calls/s 1.004x "
+    "(per round 0.886x-1.034x: within the boot's noise); over TCP +218 / +246, depth-32 "
+    "calls/s 0.938x. The RDMA latency targets, as the median of three interleaved rounds: "
+    "busy-poll 64 B 1.67x ib_write_lat (rounds 1.67x / 1.54x / 1.69x; ib_write_lat "
+    "20.4-25.5 us, rdmarpc 34.6-40.7 us), adaptive 64 B 1.99x (1.74x / 2.24x / 1.99x), "
+    "busy-poll 4 KiB 1.49x (1.34x / 1.49x / 1.68x): none met, as in the run before on the "
+    "same code (1.57x, 1.65x, 1.42x): the rounds move by 0.1-0.5x between boots. "
+    "Instructions per call over rdma:// 3,339 / 3,101 (server / client), over TCP 2,323 / "
+    "2,071; TCP 64 B 1.10x the raw ping-pong, depth 32 27.3x gRPC C++, 1 MiB 1.27x; 1 MiB "
+    "one way 128.3% of ib_write_bw (perftest's 45.0 MB/s was slow in this boot; 55.0 the "
+    "run before). "
+    "The run before (2026-12-05, twenty-ninth session, on 92c05fe: the code of the run before, "
     "0d3cf5b, and tools/bench/vm_bench.sh's new interleaved rounds): one run_all.sh from "
     "start to end, `bash tools/bench/run_all.sh`. The RDMA latency targets are now judged by "
     "the median of three interleaved rounds in one boot (ib_write_lat, then rdmarpc_bench "
@@ -62,7 +78,12 @@ RUN_NOTE = (
     "over rdma:// in the VM (events mode) 3,342 / 3,099 (server / client), over TCP 2,323 / "
     "2,071; metrics +220 / +245 per call, depth-32 calls/s 0.944x with metrics on; TCP 64 B "
     "1.10x the raw ping-pong, depth 32 27.2x gRPC C++, 1 MiB 1.32x; 1 MiB one way 93.1% of "
-    "ib_write_bw. The run before (2026-12-05, twenty-ninth session, on 0d3cf5b: since the "
+    "ib_write_bw. "
+    'Earlier runs: see "Earlier runs" at the end of this page.')
+
+# The notes of earlier runs, oldest last (what each run changed and what it measured).
+EARLIER_RUNS = (
+    "The run before that (2026-12-05, twenty-ninth session, on 0d3cf5b: since the "
     "run before, two cuts to what metrics cost, on the server's interceptor path (ea8081e) "
     "and in the counting itself (0d3cf5b); the RDMA transport is the run before's): one "
     "run_all.sh from start to end, `bash tools/bench/run_all.sh`. Metrics overhead "
@@ -81,12 +102,8 @@ RUN_NOTE = (
     "/ 61.2 / 43.8 us, ib_write_lat 4 KiB 208.1 / 187.6 / 146.8 us, busy-poll 4 KiB 301.1 / "
     "218.1 / 234.5 us: ratios busy-poll 64 B 1.55x / 1.81x / 1.56x, adaptive 1.55x / 1.62x / "
     "1.62x, 4 KiB 1.45x / 1.16x / 1.60x. So those three targets were not met, and that run's "
-    "table said so; vm_bench.sh's interleaved rounds come from it. Earlier runs: "
-    'see "Earlier runs" at the end of this page.')
-
-# The notes of earlier runs, oldest last (what each run changed and what it measured).
-EARLIER_RUNS = (
-    "The run before that (2026-12-05, twenty-eighth session, on 4170569: since the run "
+    "table said so; vm_bench.sh's interleaved rounds come from it. "
+    "Before that (2026-12-05, twenty-eighth session, on 4170569: since the run "
     "before, an RDMA connection remembers the last QP's entry and takes errors and send "
     "completions first (19e0c20), the RDMA device's time accounting reads the time-stamp "
     "counter instead of steady_clock (9414576) and each connection keeps its write work "
@@ -244,6 +261,44 @@ def tcp_round_ratio(r):
     return r["rdmarpc"]["calls_per_s"] / r["grpc"]["calls_per_s"]
 
 
+def rdma_metrics_rows(rdma):
+    """The metrics-overhead table over rdma:// (vm_bench.sh's "metrics_round" lines and its
+    callgrind rows with and without --metrics), or nothing for a run without them."""
+    import statistics
+    rounds = [r for r in rdma if r.get("kind") == "metrics_round"]
+    cg = [r for r in rdma if r.get("test") == "callgrind"]
+    ir_off = {r["side"]: r["ir_per_call"] for r in cg if not r.get("metrics")}
+    ir_on = {r["side"]: r["ir_per_call"] for r in cg if r.get("metrics")}
+    if not rounds and not ir_on:
+        return []
+    out = ["Over rdma:// in the Soft-RoCE VM (`tools/bench/vm_bench.sh`, the same binary with and "
+           "without `--metrics` on both sides): busy-poll, 64 B, rounds interleaved off/on with a "
+           "fresh server each (depth 1: p50; depth 32: calls/s), and callgrind in events mode as "
+           "in the CPU section (200 and 1,200 calls).", "",
+           "| 64 B over rdma:// (VM) | metrics off | metrics on | on / off | per-round on / off |",
+           "| --- | --- | --- | --- | --- |"]
+    by = {}
+    for r in rounds:
+        by.setdefault(r["round"], {})[r["metrics"]] = r
+    pairs = [v for _, v in sorted(by.items()) if "off" in v and "on" in v]
+    for key, label, fmt in (("p50_us", "depth 1, p50 latency (us)", "{:.1f}"),
+                            ("depth32_calls_per_s", "depth 32, calls/s", "{:,.0f}")):
+        if not pairs:
+            break
+        off = statistics.median(p["off"][key] for p in pairs)
+        on = statistics.median(p["on"][key] for p in pairs)
+        per = " / ".join(f"{p['on'][key] / p['off'][key]:.3f}" for p in pairs)
+        out.append(f"| {label}, median of {len(pairs)} rounds | {fmt.format(off)} | "
+                   f"{fmt.format(on)} | {on / off:.3f} | {per} |")
+    for side in ("client", "server"):
+        if side in ir_off and side in ir_on:
+            a, b = ir_off[side], ir_on[side]
+            out.append(f"| instructions per call, {side} (callgrind, events mode) | {a:,} | {b:,} "
+                       f"| {b / a:.3f} (+{b - a:,}) | |")
+    out.append("")
+    return out
+
+
 def median_tcp_rounds(rows):
     """Rows of kind tcp_round (run_all.sh: interleaved rounds per payload and depth) become one
     row of kind tcp each, where the first round was: the round with the median ratio, whole (so
@@ -397,7 +452,7 @@ def main():
         if side in ir_t:
             w(f"| CPU: 64 B echo over TCP, at most 2,500 instructions per call on the {side} | "
               f"{ir_t[side]:,}{sleeps_note(cpu, side)} | {cpu_met(ir_t[side], cpu, side)} |")
-    rdma_cg = [r for r in rdma if r.get("test") == "callgrind"]
+    rdma_cg = [r for r in rdma if r.get("test") == "callgrind" and not r.get("metrics")]
     rdma_ir = {r["side"]: r["ir_per_call"] for r in rdma_cg}
     for side in ("client", "server"):
         if side in rdma_ir:
@@ -841,7 +896,7 @@ def main():
           "which cancels set-up, connection and exit. The client runs with `--no-latency`: "
           "the benchmark's own clock reads and histogram per call are not counted.")
         w("")
-        rdma_cg = [r for r in rdma if r.get("test") == "callgrind"]
+        rdma_cg = [r for r in rdma if r.get("test") == "callgrind" and not r.get("metrics")]
         rdma_ir2 = {r["side"]: r["ir_per_call"] for r in rdma_cg}
         w("Over rdma:// the same inside the VM (`tools/bench/vm_bench.sh`), for 200 and 1,200 "
           "calls (difference / 1,000), in events mode (`--poll-spin-us 0`: adaptive polling "
@@ -915,6 +970,8 @@ def main():
             for line in f:
                 w(line.rstrip())
         w("")
+        for row in rdma_metrics_rows(rdma):
+            w(row)
 
     w("## CPU cuts, step by step")
     w("")

@@ -119,6 +119,26 @@ for round in 1 2 3; do
   done
 done
 
+# What metrics cost over rdma:// (the same binary with and without --metrics on both sides; the
+# host's tools/bench/metrics_overhead.sh measures it over TCP): busy-poll, 64 B, depth 1 (p50)
+# and depth 32 (calls/s), 5 interleaved rounds, a fresh server each (about 20 s a round). Kind
+# "metrics_round".
+for round in 1 2 3 4 5; do
+  for metrics in off on; do
+    flags=(--busy-poll)
+    [ "$metrics" = on ] && flags+=(--metrics)
+    $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" "${flags[@]}" >/dev/null 2>&1 &
+    server=$!
+    sleep 1
+    p50=$($bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --request-bytes 64 \
+          --duration 3 --warmup 1 --json | grep -o '"p50_us":[0-9.]*' | cut -d: -f2)
+    cps=$($bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --request-bytes 64 \
+          --depth 32 --duration 3 --warmup 1 --json | grep -o '"calls_per_s":[0-9.]*' | cut -d: -f2)
+    [ -n "$p50" ] && [ -n "$cps" ] && echo "{\"kind\":\"metrics_round\",\"round\":$round,\"metrics\":\"$metrics\",\"p50_us\":$p50,\"depth32_calls_per_s\":$cps}" >> "$out"
+    stop_server "$server" "busy-poll"
+  done
+done
+
 # CPU cost per call over rdma://, as the host's TCP figure is measured: both sides under
 # callgrind, 200 and 1,200 calls, (difference) / 1,000. Events mode (--poll-spin-us 0): with
 # adaptive polling, callgrind would also count the polling done while waiting for the peer,
@@ -126,21 +146,29 @@ done
 # the server under callgrind takes longer than 5 s to set up its device state. --no-latency: the
 # bench's own timing of each call is not counted (as on the host, tools/bench/lib.sh).
 . tools/bench/lib.sh  # cg_total, cg_sleeps
+# Then the same with --metrics on both sides ("metrics":true), for what metrics cost per call.
 cgdir=$(mktemp -d)
-for n in 200 1200; do
-  valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
-    --listen "rdma://$addr:7490" --poll-spin-us 0 >"$cgdir/server.log" 2>&1 &
-  server=$!
-  for _ in $(seq 600); do grep -q "listening on" "$cgdir/server.log" && break; sleep 0.2; done
-  valgrind --tool=callgrind --callgrind-out-file="$cgdir/client.$n" $bin/rdmarpc_bench \
-    --target "rdma://$addr:7490" --poll-spin-us 0 --connect-timeout-ms 120000 --calls "$n" \
-    --warmup 0 --quiet --no-latency >/dev/null 2>&1
-  kill -TERM "$server"; wait "$server" 2>/dev/null
-done
-for side in client server; do
-  a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
-  wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")
-  [ -n "$a" ] && [ -n "$b" ] && echo "{\"kind\":\"rdmarpc\",\"test\":\"callgrind\",\"mode\":\"events\",\"side\":\"$side\",\"ir_per_call\":$(( (b - a) / 1000 )),\"epoll_waits_per_call\":$(awk -v a="$wa" -v b="$wb" 'BEGIN { printf "%.2f", (b - a) / 1000 }')}" >> "$out"
+for metrics in off on; do
+  mflag=()
+  [ "$metrics" = on ] && mflag=(--metrics)
+  for n in 200 1200; do
+    valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
+      --listen "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" >"$cgdir/server.log" 2>&1 &
+    server=$!
+    for _ in $(seq 600); do grep -q "listening on" "$cgdir/server.log" && break; sleep 0.2; done
+    valgrind --tool=callgrind --callgrind-out-file="$cgdir/client.$n" $bin/rdmarpc_bench \
+      --target "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" --connect-timeout-ms 120000 \
+      --calls "$n" --warmup 0 --quiet --no-latency >/dev/null 2>&1
+    kill -TERM "$server"; wait "$server" 2>/dev/null
+  done
+  extra=""
+  [ "$metrics" = on ] && extra=",\"metrics\":true"
+  for side in client server; do
+    a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
+    wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")
+    [ -n "$a" ] && [ -n "$b" ] && echo "{\"kind\":\"rdmarpc\",\"test\":\"callgrind\",\"mode\":\"events\",\"side\":\"$side\",\"ir_per_call\":$(( (b - a) / 1000 )),\"epoll_waits_per_call\":$(awk -v a="$wa" -v b="$wb" 'BEGIN { printf "%.2f", (b - a) / 1000 }')$extra}" >> "$out"
+  done
+  rm -f "$cgdir"/*
 done
 rm -rf "$cgdir"
 
