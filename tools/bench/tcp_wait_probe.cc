@@ -155,8 +155,11 @@ class Uring {
     if (int e = io_uring_queue_init_params(64, &ring_, &p); e < 0) Fail("io_uring_setup", -e);
     if (!provided) return;
     // liburing 2.3 (Debian 12) has no io_uring_setup_buf_ring: register the ring by hand.
-    ring_mem_ = std::aligned_alloc(4096, kBuffers * sizeof(io_uring_buf));
-    std::memset(ring_mem_, 0, kBuffers * sizeof(io_uring_buf));
+    // aligned_alloc wants a size that is a multiple of the alignment (glibc lets it pass,
+    // AddressSanitizer does not): the ring's 1 KiB rounded up to the page.
+    constexpr size_t kRingBytes = (kBuffers * sizeof(io_uring_buf) + 4095) / 4096 * 4096;
+    ring_mem_ = std::aligned_alloc(4096, kRingBytes);
+    std::memset(ring_mem_, 0, kRingBytes);
     bufs_ = static_cast<io_uring_buf_ring*>(ring_mem_);
     io_uring_buf_ring_init(bufs_);
     io_uring_buf_reg reg{};
@@ -168,6 +171,13 @@ class Uring {
     for (unsigned i = 0; i < kBuffers; ++i) GiveBack(i, i);
     io_uring_buf_ring_advance(bufs_, static_cast<int>(kBuffers));
   }
+  // The ring first: the kernel may use the provided buffers' ring until it is closed.
+  ~Uring() {
+    io_uring_queue_exit(&ring_);
+    std::free(ring_mem_);
+  }
+  Uring(const Uring&) = delete;
+  Uring& operator=(const Uring&) = delete;
   io_uring* ring() { return &ring_; }
 
   void ArmMultishot(int fd) {
