@@ -475,6 +475,17 @@ TEST_CASE("a large reply exposed to one client cannot be read by another, nor af
   CHECK(r->payload() == big.payload());
 }
 
+// Under ThreadSanitizer the server's side runs several times slower than the raw peer's writes
+// (uninstrumented libibverbs and the kernel's), so more records land before the server has
+// counted its way to the bound, and shadow memory inflates resident memory (the memory bound is
+// AddressSanitizer's and the plain build's to check). There the server must still close the
+// connection while the peer is writing, within twice the bound, and the figures are printed.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 TEST_CASE(
     "a client that takes no replies and writes past its credit is closed; memory stays bounded",
     "[rdma][backpressure]") {
@@ -514,10 +525,16 @@ TEST_CASE(
       "%d records\n",
       budget / 1024, rss_start, rss_peak, written);
   INFO("records written before the server closed the connection: " << written);
-  CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
+  if (!kThreadSanitizer) CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
   CHECK(ts.server.throttle_events() > 0);
   // The budget's worth of queued PONGs plus one ring (512 records of 64 bytes), and a little slack.
-  CHECK(written < expected + 512);
+  if (kThreadSanitizer) {
+    // The loop above stopped before its cap: the server closed the connection (or the QP,
+    // which failed the peer's write) while the peer was still writing.
+    CHECK(written < 2 * expected);
+  } else {
+    CHECK(written < expected + 512);
+  }
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }

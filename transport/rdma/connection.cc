@@ -11,6 +11,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <random>
 
+#include "transport/tsan_wire.h"
+
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
 
@@ -557,6 +559,7 @@ bool RdmaConnection::PostSend(ibv_send_wr& wr, bool signal, uint64_t tag) {
     since_signal_ = 0;
   }
   ibv_send_wr* bad = nullptr;
+  TsanSent();  // transport/tsan_wire.h
   if (ibv_post_send(id_->qp, &wr, &bad)) {
     CloseWith(Errno("ibv_post_send"));
     return false;

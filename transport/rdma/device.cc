@@ -9,6 +9,8 @@
 #include <cstring>
 #include <map>
 
+#include "transport/tsan_wire.h"
+
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
 
@@ -354,6 +356,7 @@ uint32_t ThreadDevice::Poll(ibv_cq* cq) {
     int n = ibv_poll_cq(cq, 32, wcs);
     ++polls;
     if (n <= 0) break;
+    TsanReceived();  // transport/tsan_wire.h
     taken += static_cast<uint32_t>(n);
     uint32_t receives = 0;
     for (int i = 0; i < n; ++i) {

@@ -37,6 +37,7 @@
 #include "transport/poller.h"
 #include "transport/stats.h"
 #include "transport/tcp/reassembler.h"
+#include "transport/tsan_wire.h"
 
 namespace rdmarpc::transport::tcp {
 namespace asio = boost::asio;
@@ -257,6 +258,7 @@ class TcpConnection final : public Connection,
       OnReceiveEnded(result);
       return;
     }
+    TsanReceived();
     reader_.Commit(static_cast<size_t>(result));
     // A receive that filled its room probably left more in the socket: the next one tries at
     // once; otherwise it waits for data first (a request/response exchange: the socket is empty
@@ -437,6 +439,7 @@ class TcpConnection final : public Connection,
     mh.msg_iov = iov;
     mh.msg_iovlen = count;
     ssize_t w;
+    TsanSent();
     do {
       w = ::syscall(SYS_sendmsg, fd_, &mh, MSG_NOSIGNAL);
     } while (w < 0 && errno == EINTR);
@@ -508,8 +511,11 @@ class TcpConnection final : public Connection,
 
   // Raw syscalls: glibc's recv/send wrappers are thread-cancellation points (~60 instructions
   // each for nothing here), and Asio's add error_code handling on top.
+  // (Each says what it sent or received to ThreadSanitizer: transport/tsan_wire.h.)
   static ssize_t RecvSome(int fd, std::byte* p, size_t n) {
-    return ::syscall(SYS_recvfrom, fd, p, n, 0, nullptr, nullptr);
+    const ssize_t got = ::syscall(SYS_recvfrom, fd, p, n, 0, nullptr, nullptr);
+    if (got > 0) TsanReceived();
+    return got;
   }
   // RecvSome on a socket with TCP_INQ: *left is what the socket still holds after this read
   // (non-zero once the peer's FIN has arrived, even with no data left), or -1 when the kernel
@@ -523,6 +529,7 @@ class TcpConnection final : public Connection,
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     const ssize_t got = ::syscall(SYS_recvmsg, fd, &msg, 0);
+    if (got > 0) TsanReceived();
     *left = -1;
     if (got > 0 && msg.msg_controllen >= CMSG_LEN(sizeof(int))) {
       const cmsghdr* c = CMSG_FIRSTHDR(&msg);
@@ -533,6 +540,7 @@ class TcpConnection final : public Connection,
     return got;
   }
   static ssize_t SendSome(int fd, const std::byte* p, size_t n) {
+    TsanSent();
     return ::syscall(SYS_sendto, fd, p, n, MSG_NOSIGNAL, nullptr, 0);
   }
 
