@@ -452,6 +452,8 @@ def main():
         if side in ir_t:
             w(f"| CPU: 64 B echo over TCP, at most 2,500 instructions per call on the {side} | "
               f"{ir_t[side]:,}{sleeps_note(cpu, side)} | {cpu_met(ir_t[side], cpu, side)} |")
+    # The callgrind rows over rdma:// without --metrics (those with it: rdma_metrics_rows), for
+    # the targets here and the CPU section below.
     rdma_cg = [r for r in rdma if r.get("test") == "callgrind" and not r.get("metrics")]
     rdma_ir = {r["side"]: r["ir_per_call"] for r in rdma_cg}
     for side in ("client", "server"):
@@ -896,8 +898,6 @@ def main():
           "which cancels set-up, connection and exit. The client runs with `--no-latency`: "
           "the benchmark's own clock reads and histogram per call are not counted.")
         w("")
-        rdma_cg = [r for r in rdma if r.get("test") == "callgrind" and not r.get("metrics")]
-        rdma_ir2 = {r["side"]: r["ir_per_call"] for r in rdma_cg}
         w("Over rdma:// the same inside the VM (`tools/bench/vm_bench.sh`), for 200 and 1,200 "
           "calls (difference / 1,000), in events mode (`--poll-spin-us 0`: adaptive polling "
           "would add the polling done while the peer, slowed by valgrind, takes milliseconds to "
@@ -926,7 +926,7 @@ def main():
         def fmt(v, f):
             return f.format(v) if v is not None else "-"
         for r in cpu:
-            v = rdma_ir2.get(r["side"])
+            v = rdma_ir.get(r["side"])
             w(f"| {r['side']} | {r['ir_per_call']:,} | {fmt(waits.get(r['side']), '{:.2f}')} "
               f"| {fmt(v, '{:,}')} | {fmt(waits_vm.get(r['side']), '{:.2f}')} |")
         w("")
