@@ -7,6 +7,12 @@ set -uo pipefail
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 export RDMARPC_VM_CACHE="${RDMARPC_VM_CACHE:-/var/tmp/rdmarpc-vm}"
 runner="tools/vm/rxe_vm.sh"
+# Sanitizer builds run several times slower in the emulated guest: RDMARPC_VM_TIME_SCALE (a
+# whole number, default 1; --config=tsan sets 2) multiplies every time limit below, the VM's
+# included. Under TSan the suites took 873.8 s of the VM's 900 (2026-12-05).
+scale="${RDMARPC_VM_TIME_SCALE:-1}"
+case "$scale" in '' | *[!0-9]* | 0) echo "rdma_vm_test: RDMARPC_VM_TIME_SCALE must be a whole number >= 1, not '$scale'" >&2; exit 2 ;; esac
+limit() { echo $(($1 * scale)); }
 suites=(test/rpc_integration_test test/reliability_test test/hostile_test test/hostile_server_test test/rdma_garbage_test test/transport_stress_test test/kv_test test/stream_test)
 
 # The host root is read-only in the guest: the JUnit files go to a folder shared with it.
@@ -16,26 +22,26 @@ script="set -u; ibv_devices; rc=0"
 for s in "${suites[@]}"; do
   name=$(basename "$s")
   script+="; echo \"=== $name over rdma://\""
-  script+="; XML_OUTPUT_FILE=$results/$name.xml TEST_TARGET=rdma_vm/$name timeout 500 $s --durations yes || rc=1"
+  script+="; XML_OUTPUT_FILE=$results/$name.xml TEST_TARGET=rdma_vm/$name timeout $(limit 500) $s --durations yes || rc=1"
 done
 # The core cases again with every I/O thread busy-polling its CQs instead of sleeping on the
 # completion channel (RDMARPC_BUSY_POLL=1 sets transport::Options::busy_poll's default).
 busy_name=rpc_integration_test_busy_poll
 script+="; echo \"=== rpc_integration_test [core] over rdma:// with busy-poll\""
-script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_name.xml TEST_TARGET=rdma_vm/$busy_name timeout 300 test/rpc_integration_test '[core]' --durations yes || rc=1"
+script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_name.xml TEST_TARGET=rdma_vm/$busy_name timeout $(limit 300) test/rpc_integration_test '[core]' --durations yes || rc=1"
 # The suites above run with the default polling (adaptive: an I/O thread keeps polling its CQs
 # for a while after traffic, then sleeps on the completion channel). The core cases again with
 # pure events (RDMARPC_POLL_SPIN_US=0: every completion comes through a channel event), so that
 # the sleeping path is exercised on every message.
 events_name=rpc_integration_test_events
 script+="; echo \"=== rpc_integration_test [core] over rdma:// with events only\""
-script+="; RDMARPC_POLL_SPIN_US=0 XML_OUTPUT_FILE=$results/$events_name.xml TEST_TARGET=rdma_vm/$events_name timeout 300 test/rpc_integration_test '[core]' --durations yes || rc=1"
+script+="; RDMARPC_POLL_SPIN_US=0 XML_OUTPUT_FILE=$results/$events_name.xml TEST_TARGET=rdma_vm/$events_name timeout $(limit 300) test/rpc_integration_test '[core]' --durations yes || rc=1"
 # And the connection-limit cases with busy-poll: a server at its limit writes GOAWAY the moment
 # a connection is up, the race in which completions polled before Start's replay of early ones
 # used to be processed ahead of them (issue 11, item 11).
 busy_limits=reliability_test_busy_poll
 script+="; echo \"=== reliability_test [limits] over rdma:// with busy-poll\""
-script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_limits.xml TEST_TARGET=rdma_vm/$busy_limits timeout 300 test/reliability_test '[limits]' --durations yes || rc=1"
+script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_limits.xml TEST_TARGET=rdma_vm/$busy_limits timeout $(limit 300) test/reliability_test '[limits]' --durations yes || rc=1"
 # Host names are looked up without blocking an I/O thread (issue 11, item 14): with a name
 # server that never answers, a channel on the same thread keeps making calls while another
 # connect waits out the lookup. Over rdma:// and, since the guest has its own loopback, tcp://.
@@ -44,7 +50,7 @@ resolve_name=reliability_test_resolve
 # checkout is under /tmp (the guest's /tmp is its own): run a copy from the shared folder.
 cp test/slow_resolver.sh "$results/slow_resolver.sh"
 script+="; echo \"=== reliability_test [resolve] over rdma:// and tcp:// with a mute name server\""
-script+="; RDMARPC_TEST_ONLY_SCHEME= XML_OUTPUT_FILE=$results/$resolve_name.xml TEST_TARGET=rdma_vm/$resolve_name timeout 120 bash $results/slow_resolver.sh test/reliability_test '[resolve]' --durations yes || rc=1"
+script+="; RDMARPC_TEST_ONLY_SCHEME= XML_OUTPUT_FILE=$results/$resolve_name.xml TEST_TARGET=rdma_vm/$resolve_name timeout $(limit 120) bash $results/slow_resolver.sh test/reliability_test '[resolve]' --durations yes || rc=1"
 script+="; exit \$rc"
 
 # The suites are linked the way Bazel links tests by default: dynamically, against a shared
@@ -64,7 +70,7 @@ fi
 
 start=$(date +%s)
 RDMARPC_TEST_RDMA_HOST=198.18.0.1 RDMARPC_TEST_ONLY_SCHEME=rdma \
-  bash "$runner" --timeout 900 --share "$results" -- bash -c "$script"
+  bash "$runner" --timeout "$(limit 900)" --share "$results" -- bash -c "$script"
 rc=$?
 echo "rdma_vm_test: VM suites exit status $rc after $(( $(date +%s) - start )) s"
 
