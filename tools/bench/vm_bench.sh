@@ -38,6 +38,31 @@ stop_server() {  # pid mode
   wait "$1" 2>/dev/null
 }
 
+# The polling mode's flags, for server and client alike: busy-poll (--busy-poll), adaptive (the
+# default: none) or pure events (--poll-spin-us 0). Sets the array `flags`.
+mode_flags() {
+  flags=()
+  case "$1" in
+    busy-poll) flags=(--busy-poll) ;;
+    events) flags=(--poll-spin-us 0) ;;
+  esac
+}
+
+# start_server FLAG...: a fresh rdmarpc_bench server on rdma://$addr:7490, its pid in $server.
+start_server() {
+  $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" "$@" >/dev/null 2>&1 &
+  server=$!
+  sleep 1
+}
+
+# run_client FLAG...: one rdmarpc_bench client run against that server (with --json: its
+# result, one line of JSON, on stdout). Not for a client run in the background whose CPU time
+# is read: $! would be the shell running the function, not rdmarpc_bench.
+run_client() { $bin/rdmarpc_bench --target "rdma://$addr:7490" "$@"; }
+
+# json_field NAME: the number named NAME in the JSON on stdin (nothing when it is absent).
+json_field() { grep -o "\"$1\":[0-9.]*" | cut -d: -f2; }
+
 for size in 64 4096 65536 1048576; do
   iters=2000
   [ "$size" -ge 65536 ] && iters=200
@@ -57,19 +82,14 @@ set -- $line
 # (--poll-spin-us 0). After each mode's runs, one client holds one connection open without
 # calling, and the CPU time of both processes over 10 s is recorded (utime + stime, in ticks).
 for mode in busy-poll adaptive events; do
-  flag=""
-  [ "$mode" = busy-poll ] && flag="--busy-poll"
-  [ "$mode" = events ] && flag="--poll-spin-us 0"
-  $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" $flag >/dev/null 2>&1 &
-  server=$!
-  sleep 1
+  mode_flags "$mode"
+  start_server "${flags[@]}"
   for size in 64 4096 65536 1048576; do
-    r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes "$size" \
-        --duration 3 --warmup 1 --json)
+    r=$(run_client "${flags[@]}" --request-bytes "$size" --duration 3 --warmup 1 --json)
     echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"latency\",\"result\":$r}" >> "$out"
   done
-  r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes 1048576 \
-      --response-bytes 0 --depth 4 --duration 5 --warmup 1 --json)
+  r=$(run_client "${flags[@]}" --request-bytes 1048576 --response-bytes 0 --depth 4 --duration 5 \
+      --warmup 1 --json)
   echo "{\"kind\":\"rdmarpc\",\"mode\":\"$mode\",\"test\":\"throughput\",\"result\":$r}" >> "$out"
   # Streams: a server stream read as fast as it comes, a client stream written as fast as the
   # server's window lets it go (--upload).
@@ -77,12 +97,11 @@ for mode in busy-poll adaptive events; do
     bytes_flag=--response-bytes
     [ "$kind" = upload ] && bytes_flag=--request-bytes
     for size in 64 65536; do
-      r=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --$kind $bytes_flag "$size" \
-          --duration 3 --warmup 1 --json)
+      r=$(run_client "${flags[@]}" --$kind $bytes_flag "$size" --duration 3 --warmup 1 --json)
       echo "{\"kind\":\"$kind\",\"transport\":\"rdma\",\"mode\":\"$mode\",\"bytes\":$size,\"result\":$r}" >> "$out"
     done
   done
-  $bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --idle-connections 1 --hold 13 \
+  $bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --idle-connections 1 --hold 13 \
     --json >/dev/null 2>&1 &
   client=$!
   sleep 2
@@ -106,13 +125,10 @@ for round in 1 2 3; do
     [ $# -ge 6 ] && echo "{\"kind\":\"round\",\"round\":$round,\"bytes\":$size,\"what\":\"ib_write_lat\",\"rtt_us\":$(awk -v h="$5" 'BEGIN { printf "%.2f", 2 * h }')}" >> "$out"
     for mode in busy-poll adaptive; do
       [ "$size" = 4096 ] && [ "$mode" = adaptive ] && continue  # no target for it
-      flag=""
-      [ "$mode" = busy-poll ] && flag="--busy-poll"
-      $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" $flag >/dev/null 2>&1 &
-      server=$!
-      sleep 1
-      p50=$($bin/rdmarpc_bench --target "rdma://$addr:7490" $flag --request-bytes "$size" \
-            --duration 3 --warmup 1 --json | grep -o '"p50_us":[0-9.]*' | cut -d: -f2)
+      mode_flags "$mode"
+      start_server "${flags[@]}"
+      p50=$(run_client "${flags[@]}" --request-bytes "$size" --duration 3 --warmup 1 --json |
+            json_field p50_us)
       [ -n "$p50" ] && echo "{\"kind\":\"round\",\"round\":$round,\"bytes\":$size,\"what\":\"$mode\",\"rtt_us\":$p50}" >> "$out"
       stop_server "$server" "$mode"
     done
@@ -127,13 +143,11 @@ for round in 1 2 3 4 5; do
   for metrics in off on; do
     flags=(--busy-poll)
     [ "$metrics" = on ] && flags+=(--metrics)
-    $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" "${flags[@]}" >/dev/null 2>&1 &
-    server=$!
-    sleep 1
-    p50=$($bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --request-bytes 64 \
-          --duration 3 --warmup 1 --json | grep -o '"p50_us":[0-9.]*' | cut -d: -f2)
-    cps=$($bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --request-bytes 64 \
-          --depth 32 --duration 3 --warmup 1 --json | grep -o '"calls_per_s":[0-9.]*' | cut -d: -f2)
+    start_server "${flags[@]}"
+    p50=$(run_client "${flags[@]}" --request-bytes 64 --duration 3 --warmup 1 --json |
+          json_field p50_us)
+    cps=$(run_client "${flags[@]}" --request-bytes 64 --depth 32 --duration 3 --warmup 1 --json |
+          json_field calls_per_s)
     [ -n "$p50" ] && [ -n "$cps" ] && echo "{\"kind\":\"metrics_round\",\"round\":$round,\"metrics\":\"$metrics\",\"p50_us\":$p50,\"depth32_calls_per_s\":$cps}" >> "$out"
     stop_server "$server" "busy-poll"
   done
@@ -178,9 +192,7 @@ rm -rf "$cgdir"
 # (2026-12-03, a boot with ib_write_lat 64 B at ~80 us), one at a time they ran past the limit below
 # in a slow boot; 1,000 took 29 s one at a time and 16 s at 16.
 for n in 100 1000 10000; do
-  $bin/rdmarpc_bench --server --listen "rdma://$addr:7490" >/dev/null 2>&1 &
-  server=$!
-  sleep 1
+  start_server
   started=$(date +%s)
   r=$(timeout 600 $bin/rdmarpc_bench --target "rdma://$addr:7490" --idle-connections "$n" \
       --connect-timeout-ms 60000 --json 2>"$dir/idle_client.err")
