@@ -50,7 +50,29 @@ def latency_target_row(rdma, label, q, mode, size, target):
 
 # How this run was made, where it was not one run_all.sh from start to end.
 RUN_NOTE = (
-    "This run (2026-12-05, thirtieth session, on 812acbb's code, with tools/bench/vm_bench.sh "
+    "This run (2026-12-06, thirty-first session, on 1c5b65f: since the run before, test and "
+    "benchmark scripts, and 6ec2012's ThreadSanitizer annotations in the transports, which "
+    "compile to nothing outside TSan builds; among the scripts tools/bench/vm_bench.sh's loops "
+    "rewritten around helpers, which this run is the first to use in the VM): one run_all.sh from start to end, `bash tools/bench/run_all.sh`, on "
+    "another host: an Intel Xeon where the runs before had an AMD EPYC (its loopback round "
+    "trip is twice as slow: the raw ping-pong's 64 B p50 61.2 us against 27.8 us; the "
+    "guest's clocksource is the TSC, checked in a boot after the run). Over rdma:// in the "
+    "VM, metrics on cost, in 5 interleaved rounds of busy-poll 64 B, depth-1 p50 1.112x (46.3 "
+    "-> 51.5 us; per round 1.012x-1.146x, all five above 1) and depth-32 calls/s 0.916x (per "
+    "round 0.886x-0.971x, all five below 1): on this host the cost shows in the timed rows, "
+    "where on the EPYC host the same measurement twice gave about 1.0x; callgrind +211 / "
+    "+244 (server / client, events mode). Over TCP +220 / +245 instructions, depth-1 p50 "
+    "1.017x, depth-32 calls/s 0.977x. The RDMA latency targets, as the median of three "
+    "interleaved rounds: busy-poll 64 B 2.11x ib_write_lat (rounds 2.09x / 2.16x / 2.11x; "
+    "ib_write_lat 21.7-22.4 us, rdmarpc 45.3-47.4 us), adaptive 64 B 2.38x (2.38x / 2.39x / "
+    "2.32x), busy-poll 4 KiB 1.54x (1.54x / 1.57x / 1.49x): none met, and further off than "
+    "on the EPYC host with the same code (1.67x, 1.99x, 1.49x): perftest's loop kept its "
+    "speed while rdmarpc's emulated user-space work got slower. Instructions per call over "
+    "rdma:// 3,345 / 3,102, over TCP 2,323 / 2,071 (as before: callgrind counts do not "
+    "depend on the host); TCP 64 B 1.04x the raw ping-pong, depth 32 7.46x gRPC C++ (gRPC "
+    "reached 56,341 calls/s on this host against 22,182 on the EPYC), 1 MiB 1.36x; 1 MiB "
+    "one way 102.6% of ib_write_bw.\n\n"
+    "The run before (2026-12-05, thirtieth session, on 812acbb's code, with tools/bench/vm_bench.sh "
     "measuring what metrics cost over rdma:// as well): one run_all.sh from start to end, "
     "`bash tools/bench/run_all.sh`. The rdmarpc code is the run before's (the commits since "
     "changed docs, report.py and vm_bench.sh only). Over rdma:// in the VM, metrics on cost "
@@ -60,13 +82,17 @@ RUN_NOTE = (
     "calls/s 0.938x. The RDMA latency targets, as the median of three interleaved rounds: "
     "busy-poll 64 B 1.67x ib_write_lat (rounds 1.67x / 1.54x / 1.69x; ib_write_lat "
     "20.4-25.5 us, rdmarpc 34.6-40.7 us), adaptive 64 B 1.99x (1.74x / 2.24x / 1.99x), "
-    "busy-poll 4 KiB 1.49x (1.34x / 1.49x / 1.68x): none met, as in the run before on the "
+    "busy-poll 4 KiB 1.49x (1.34x / 1.49x / 1.68x): none met, as in the run before it on the "
     "same code (1.57x, 1.65x, 1.42x): the rounds move by 0.1-0.5x between boots. "
     "Instructions per call over rdma:// 3,339 / 3,101 (server / client), over TCP 2,323 / "
     "2,071; TCP 64 B 1.10x the raw ping-pong, depth 32 27.3x gRPC C++, 1 MiB 1.27x; 1 MiB "
     "one way 128.3% of ib_write_bw (perftest's 45.0 MB/s was slow in this boot; 55.0 the "
-    "run before). "
-    "The run before (2026-12-05, twenty-ninth session, on 92c05fe: the code of the run before, "
+    "run before).\n\n"
+    'Earlier runs: see "Earlier runs" at the end of this page.')
+
+# The notes of earlier runs, oldest last (what each run changed and what it measured).
+EARLIER_RUNS = (
+    "The run before that (2026-12-05, twenty-ninth session, on 92c05fe: the code of the run before, "
     "0d3cf5b, and tools/bench/vm_bench.sh's new interleaved rounds): one run_all.sh from "
     "start to end, `bash tools/bench/run_all.sh`. The RDMA latency targets are now judged by "
     "the median of three interleaved rounds in one boot (ib_write_lat, then rdmarpc_bench "
@@ -79,11 +105,7 @@ RUN_NOTE = (
     "2,071; metrics +220 / +245 per call, depth-32 calls/s 0.944x with metrics on; TCP 64 B "
     "1.10x the raw ping-pong, depth 32 27.2x gRPC C++, 1 MiB 1.32x; 1 MiB one way 93.1% of "
     "ib_write_bw. "
-    'Earlier runs: see "Earlier runs" at the end of this page.')
-
-# The notes of earlier runs, oldest last (what each run changed and what it measured).
-EARLIER_RUNS = (
-    "The run before that (2026-12-05, twenty-ninth session, on 0d3cf5b: since the "
+    "Before that (2026-12-05, twenty-ninth session, on 0d3cf5b: since the "
     "run before, two cuts to what metrics cost, on the server's interceptor path (ea8081e) "
     "and in the counting itself (0d3cf5b); the RDMA transport is the run before's): one "
     "run_all.sh from start to end, `bash tools/bench/run_all.sh`. Metrics overhead "
