@@ -6,6 +6,7 @@ usage: report.py RESULTS_DIR OUTPUT_MD
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +39,6 @@ def round_ratios(rdma, mode, size):
 def latency_target_row(rdma, label, q, mode, size, target):
     """A targets-table row for an RDMA latency target: judged by the median of the interleaved
     rounds where the run has them, else by the single ratio `q`."""
-    import statistics
     rr = round_ratios(rdma, mode, size)
     if not rr:
         return f"| {label} | {q:.2f}x | {'yes' if q <= target else 'no'} |"
@@ -286,7 +286,6 @@ def tcp_round_ratio(r):
 def rdma_metrics_rows(rdma):
     """The metrics-overhead table over rdma:// (vm_bench.sh's "metrics_round" lines and its
     callgrind rows with and without --metrics), or nothing for a run without them."""
-    import statistics
     rounds = [r for r in rdma if r.get("kind") == "metrics_round"]
     cg = [r for r in rdma if r.get("test") == "callgrind"]
     ir_off = {r["side"]: r["ir_per_call"] for r in cg if not r.get("metrics")}
