@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes docs/BENCHMARKS.md and its plots from the JSON lines tools/bench/run_all.sh collected.
+"""Writes docs/BENCHMARKS.md and its plots from the JSON lines tools/bench/run_all.sh collected,
+and beside the plots docs/bench/HISTORY.md (earlier runs and the cuts step by step, kept here).
 
 usage: report.py RESULTS_DIR OUTPUT_MD
 """
@@ -48,7 +49,8 @@ def latency_target_row(rdma, label, q, mode, size, target):
             f"measurement in the table below: {q:.2f}x) | {'yes' if m <= target else 'no'} |")
 
 
-# How this run was made, where it was not one run_all.sh from start to end.
+# How this run was made and what it showed. With each new run this paragraph becomes
+# PREVIOUS_RUN, and PREVIOUS_RUN the head of EARLIER_RUNS (both go to docs/bench/HISTORY.md).
 RUN_NOTE = (
     "This run (2026-12-06, thirty-first session, on 1c5b65f: since the run before, test and "
     "benchmark scripts, and 6ec2012's ThreadSanitizer annotations in the transports, which "
@@ -72,6 +74,11 @@ RUN_NOTE = (
     "depend on the host); TCP 64 B 1.04x the raw ping-pong, depth 32 7.46x gRPC C++ (gRPC "
     "reached 56,341 calls/s on this host against 22,182 on the EPYC), 1 MiB 1.36x; 1 MiB "
     "one way 102.6% of ib_write_bw.\n\n"
+    "Earlier runs, and every cut to the call path with its figures: "
+    "[bench/HISTORY.md](bench/HISTORY.md).")
+
+# The note of the run before this one: the first entry of docs/bench/HISTORY.md's earlier runs.
+PREVIOUS_RUN = (
     "The run before (2026-12-05, thirtieth session, on 812acbb's code, with tools/bench/vm_bench.sh "
     "measuring what metrics cost over rdma:// as well): one run_all.sh from start to end, "
     "`bash tools/bench/run_all.sh`. The rdmarpc code is the run before's (the commits since "
@@ -87,8 +94,7 @@ RUN_NOTE = (
     "Instructions per call over rdma:// 3,339 / 3,101 (server / client), over TCP 2,323 / "
     "2,071; TCP 64 B 1.10x the raw ping-pong, depth 32 27.3x gRPC C++, 1 MiB 1.27x; 1 MiB "
     "one way 128.3% of ib_write_bw (perftest's 45.0 MB/s was slow in this boot; 55.0 the "
-    "run before).\n\n"
-    'Earlier runs: see "Earlier runs" at the end of this page.')
+    "run before).")
 
 # The notes of earlier runs, oldest last (what each run changed and what it measured).
 EARLIER_RUNS = (
@@ -582,8 +588,8 @@ def main():
       "doorbell and re-arms a CQ with stores, no system call), and which rdmarpc cannot remove "
       "while it posts one write per message and, in events mode, sleeps on the completion "
       "channel. "
-      "The steps taken so far, with their figures: \"CPU cuts, step by step\" near the end "
-      "of this page.")
+      "The steps taken so far, with their figures: \"CPU cuts, step by step\" in "
+      "[bench/HISTORY.md](bench/HISTORY.md).")
     w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
       "1500-byte link: `ibv_devinfo` active_mtu 1024), so perftest's 4,096-byte write is "
       "exactly four packets, while rdmarpc's record carries the 4,096-byte payload plus about "
@@ -770,7 +776,7 @@ def main():
           f"most one server held here, with its client in the same guest: {held:,} connections "
           f"(guest memory: {vm.get('mem_mib', '?')} MiB).")
         w("")
-        w(CONNECTIONS_HISTORY)
+        w("Earlier runs' connection counts: [bench/HISTORY.md](bench/HISTORY.md).")
         w("")
 
     # --- TCP ------------------------------------------------------------------------------
@@ -954,9 +960,8 @@ def main():
         if None in waits.values() or not waits_vm or None in waits_vm.values():
             w("-: not recorded by this run (its scripts predate the column).")
             w("")
-        # Steps measured side by side (tools/bench/ab.sh and by hand), kept from run to run.
-        for line in CPU_HISTORY:
-            w(line)
+        w("How these figures came down, step by step, each with its measurement: "
+          "[bench/HISTORY.md](bench/HISTORY.md).")
         w("")
         for side in ("client", "server"):
             p = os.path.join(res, f"{side}.top.txt")
@@ -985,7 +990,7 @@ def main():
           "move by several percent from run to run on this shared 2-core machine (hence the "
           "min - max columns).")
         w("")
-        w(METRICS_HISTORY)
+        w("Earlier runs of this measurement: [bench/HISTORY.md](bench/HISTORY.md).")
         w("")
         with open(p) as f:
             for line in f:
@@ -994,12 +999,29 @@ def main():
         for row in rdma_metrics_rows(rdma):
             w(row)
 
+    # --- docs/bench/HISTORY.md: what earlier runs measured, and the cuts step by step ------
+    hist = []
+    w = hist.append
+    w("# Benchmark history")
+    w("")
+    w("What earlier runs of `tools/bench/run_all.sh` measured, and what came off the call path "
+      "step by step, with the figures of each step. The latest run: "
+      "[../BENCHMARKS.md](../BENCHMARKS.md). Each note is as written at the time: \"above\" "
+      "and \"below\" in it mean that run's page, and figures from different hosts (the page "
+      "of each run names its CPU) are not comparable.")
+    w("")
+    w("## Earlier runs")
+    w("")
+    w(PREVIOUS_RUN)
+    w("")
+    w(EARLIER_RUNS)
+    w("")
     w("## CPU cuts, step by step")
     w("")
-    w("What came off the call path, in order, with the figures of each step (callgrind unless said otherwise; \"by hand\": measured outside run_all.sh, as described). What is left is under \"Where short, why\" above.")
+    w("What came off the call path, in order, with the figures of each step (callgrind unless said otherwise; \"by hand\": measured outside run_all.sh, as described). What is left: \"Where short, why\" in [../BENCHMARKS.md](../BENCHMARKS.md).")
     w("")
     w("Taken out (TCP, callgrind; the tables of the steps are under "
-      "\"CPU cost per call\" above): the async write per message, the timer per client call and "
+      "\"CPU cost per call: side-by-side measurements\" below): the async write per message, the timer per client call and "
       "the co_spawn per server call (2026-12-01); the job allocations per server call, a second "
       "coroutine per client call (2026-12-02 morning); then the event-loop turns of a call (the "
       "caller resumes inside the delivery of its reply, and TCP writes what a delivery queued "
@@ -1135,9 +1157,19 @@ def main():
       "that vary (zeroing a fresh one cost ~21 instructions per record: 4170569, server "
       "3,384/3,375 -> 3,347/3,345, client 3,127/3,130 -> 3,096/3,097).")
     w("")
-    w("## Earlier runs")
+    w("## CPU cost per call: side-by-side measurements")
     w("")
-    w(EARLIER_RUNS)
+    # Steps measured side by side (tools/bench/ab.sh and by hand), kept from run to run.
+    for line in CPU_HISTORY:
+        w(line)
+    w("")
+    w("## Metrics overhead")
+    w("")
+    w(METRICS_HISTORY)
+    w("")
+    w("## Connections per server")
+    w("")
+    w(CONNECTIONS_HISTORY)
     w("")
 
     # --- plots ----------------------------------------------------------------------------
@@ -1182,6 +1214,8 @@ plot "{plot_dir}/throughput.dat" u 1:2 w lp t "TCP rdmarpc", \\
     subprocess.run(["gnuplot"], input=gp.encode(), check=True)
     with open(out_md, "w") as f:
         f.write("\n".join(md) + "\n")
+    with open(os.path.join(plot_dir, "HISTORY.md"), "w") as f:
+        f.write("\n".join(hist) + "\n")
 
 
 if __name__ == "__main__":
