@@ -10,9 +10,11 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -38,16 +40,49 @@ constexpr uint32_t kRing = 32 << 10;
 constexpr uint32_t kReadRoom = 1 << 20;
 constexpr uint32_t kReceives = 4096;
 
+// "rdma://HOST:PORT" as librdmacm's getaddrinfo takes it.
+struct HostPort {
+  explicit HostPort(const std::string& uri) {
+    const auto colon = uri.rfind(':');
+    host = uri.substr(7, colon - 7);
+    port = uri.substr(colon + 1);
+  }
+  std::string host, port;
+};
+
+// What a client of our transport puts in its connect request: its HELLO (a ring at `addr`
+// with `rkey`) as private data, and the connection's parameters.
+struct ClientConnectParam {
+  ClientConnectParam(uint64_t addr, uint32_t rkey) {
+    transport::Hello hello;
+    hello.ring_addr = addr;
+    hello.ring_rkey = rkey;
+    hello.ring_bytes = kRing;
+    transport::EncodeHello(hello, pd);
+    param.private_data = pd;
+    param.private_data_len = sizeof pd;
+    param.responder_resources = 1;
+    param.initiator_depth = 1;
+    param.retry_count = 7;
+    param.rnr_retry_count = 7;
+  }
+  ClientConnectParam(const ClientConnectParam&) = delete;
+  ClientConnectParam& operator=(const ClientConnectParam&) = delete;
+  uint8_t pd[transport::kHelloBytes];
+  rdma_conn_param param{};
+};
+
 // One RC connection made with librdmacm's synchronous calls, its own receive ring registered
 // for the server to write into, and a small registered send buffer.
 class RawVerbsPeer {
  public:
   explicit RawVerbsPeer(const std::string& uri) {
-    const auto colon = uri.rfind(':');
-    const std::string host = uri.substr(7, colon - 7), port = uri.substr(colon + 1);
+    const HostPort where(uri);
     rdma_addrinfo hints{}, *res = nullptr;
     hints.ai_port_space = RDMA_PS_TCP;
-    if (rdma_getaddrinfo(host.c_str(), port.c_str(), &hints, &res)) Fail("rdma_getaddrinfo");
+    if (rdma_getaddrinfo(where.host.c_str(), where.port.c_str(), &hints, &res)) {
+      Fail("rdma_getaddrinfo");
+    }
     ibv_qp_init_attr attr{};
     attr.cap.max_send_wr = 16;
     attr.cap.max_recv_wr = kReceives;
@@ -71,20 +106,8 @@ class RawVerbsPeer {
       wr.wr_id = 1;
       if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
     }
-    transport::Hello hello;
-    hello.ring_addr = reinterpret_cast<uint64_t>(ring_.get());
-    hello.ring_rkey = ring_mr_->rkey;
-    hello.ring_bytes = kRing;
-    uint8_t pd[transport::kHelloBytes];
-    transport::EncodeHello(hello, pd);
-    rdma_conn_param param{};
-    param.private_data = pd;
-    param.private_data_len = sizeof pd;
-    param.responder_resources = 1;
-    param.initiator_depth = 1;
-    param.retry_count = 7;
-    param.rnr_retry_count = 7;
-    if (rdma_connect(id_, &param)) Fail("rdma_connect");
+    ClientConnectParam connect(reinterpret_cast<uint64_t>(ring_.get()), ring_mr_->rkey);
+    if (rdma_connect(id_, &connect.param)) Fail("rdma_connect");
     // A synchronous id keeps the ESTABLISHED event, with the server's HELLO (its ring).
     if (!id_->event) Fail("no server ring in the accept");
     auto decoded = transport::DecodeHello(id_->event->param.conn.private_data,
@@ -289,6 +312,88 @@ class RawVerbsPeer {
   uint32_t remote_rkey_ = 0;
   uint32_t remote_bytes_ = 0;
 };
+
+// A client that sends the CM's connect request with a valid HELLO and, once the server has
+// accepted it, never completes the exchange: it has no QP, so the CM leaves the last message
+// (RTU) to rdma_establish, which it never calls. Meanwhile the server holds the connection in
+// set-up, its ring pinned. Destroying the id rejects the accept, which the server hears.
+class HalfOpenPeer {
+ public:
+  enum Outcome { kAccepted, kBusy, kOther };
+
+  explicit HalfOpenPeer(const std::string& uri) {
+    const HostPort where(uri);
+    ch_ = rdma_create_event_channel();
+    if (!ch_ || rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP)) Fail("rdma_create_id");
+    rdma_addrinfo hints{}, *res = nullptr;
+    hints.ai_port_space = RDMA_PS_TCP;
+    if (rdma_getaddrinfo(where.host.c_str(), where.port.c_str(), &hints, &res)) {
+      Fail("rdma_getaddrinfo");
+    }
+    const int rc = rdma_resolve_addr(id_, nullptr, res->ai_dst_addr, 2000);
+    rdma_freeaddrinfo(res);
+    if (rc || Next() != RDMA_CM_EVENT_ADDR_RESOLVED) Fail("rdma_resolve_addr");
+    if (rdma_resolve_route(id_, 2000) || Next() != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      Fail("rdma_resolve_route");
+    }
+    // A ring nobody will write: the connection never gets that far.
+    ClientConnectParam connect(0x10000, 0x1234);
+    // No QP: any number, nothing is ever sent to it; but a different one each time, since the
+    // CM rejects a request naming a QP that already has a connection from this node as stale.
+    static std::atomic<uint32_t> next_qp_num{0x4200};
+    connect.param.qp_num = next_qp_num++;
+    if (rdma_connect(id_, &connect.param)) Fail("rdma_connect");
+    transport::Refusal why = transport::Refusal::kNone;
+    const rdma_cm_event_type e = Next(&why);
+    event = e;
+    if (e == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+      outcome = kAccepted;
+    } else if (e == RDMA_CM_EVENT_REJECTED && why == transport::Refusal::kBusy) {
+      outcome = kBusy;
+    }
+  }
+  ~HalfOpenPeer() {
+    if (id_) rdma_destroy_id(id_);
+    if (ch_) rdma_destroy_event_channel(ch_);
+  }
+  HalfOpenPeer(const HalfOpenPeer&) = delete;
+  HalfOpenPeer& operator=(const HalfOpenPeer&) = delete;
+
+  Outcome outcome = kOther;
+  rdma_cm_event_type event{};
+
+ private:
+  // The next CM event on this id (waiting up to 10 s), and a reject's reason where it has one.
+  rdma_cm_event_type Next(transport::Refusal* why = nullptr) {
+    pollfd p{ch_->fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) Fail("no CM event within 10 s");
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(ch_, &ev)) Fail("rdma_get_cm_event");
+    const rdma_cm_event_type type = ev->event;
+    if (why && type == RDMA_CM_EVENT_REJECTED) {
+      auto answer =
+          transport::DecodeAnswer(ev->param.conn.private_data, ev->param.conn.private_data_len);
+      if (answer.ok()) *why = answer.value().code;
+    }
+    rdma_ack_cm_event(ev);
+    return type;
+  }
+  [[noreturn]] static void Fail(const char* what) {
+    throw std::runtime_error(std::string("half-open peer: ") + what + ": " + std::strerror(errno));
+  }
+  rdma_event_channel* ch_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+};
+
+// This process's memory pinned for RDMA (VmPin), in KiB.
+long PinnedKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmPin:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
 
 double RssMiB() {
   std::ifstream in("/proc/self/status");
@@ -537,4 +642,68 @@ TEST_CASE(
     CHECK(written < expected + 512);
   }
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+TEST_CASE(
+    "clients that never finish connecting hold at most max_handshakes set-ups; once they go, "
+    "others get in",
+    "[rdma][hostile]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  ServerOptions so{.io_threads = 1};
+  constexpr int kMax = 8;
+  so.transport.max_handshakes = kMax;
+  TestServer ts(listen, so);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  REQUIRE(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+  const long pinned_start = PinnedKiB();
+  REQUIRE(pinned_start >= 0);
+  // Twice: the second wave shows that what the first one held was let go, not kept.
+  long pinned_after[2] = {0, 0};
+  for (int wave = 0; wave < 2; ++wave) {
+    INFO("wave " << wave);
+    // Three times the bound of connect requests, each left half-open once accepted.
+    std::vector<std::unique_ptr<HalfOpenPeer>> peers;
+    int accepted = 0, busy = 0;
+    for (int i = 0; i < 3 * kMax; ++i) {
+      peers.push_back(std::make_unique<HalfOpenPeer>(ts.uri));
+      accepted += peers.back()->outcome == HalfOpenPeer::kAccepted;
+      busy += peers.back()->outcome == HalfOpenPeer::kBusy;
+    }
+    const long pinned = PinnedKiB() - pinned_start;
+    std::printf(
+        "half-open rdma connections, wave %d: %d accepted, %d refused as busy, server "
+        "pinned +%ld KiB\n",
+        wave, accepted, busy, pinned);
+    CHECK(accepted == kMax);
+    CHECK(busy == 2 * kMax);
+    // Each set-up pins its receive ring and a send buffer (32 KiB each; send buffers come in
+    // slabs of 8): the bound holds the memory too.
+    CHECK(pinned <= kMax * 64 + 256);
+    // A new client is told the server is busy, at once; the connected one is still served.
+    auto refused = Channel::ConnectBlocking(ts.uri);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+    CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+    CHECK(ts.server.connections() == 1);
+    // The half-open clients go (their ids destroyed: the CM rejects the accepts), the server
+    // lets their set-ups go, and a new client gets in.
+    peers.clear();
+    const auto gone = std::chrono::steady_clock::now();
+    CHECK(Eventually([&] { return Channel::ConnectBlocking(ts.uri).ok(); }, 40000ms));
+    std::printf("a new client got in %lld ms after the half-open ones went\n",
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - gone)
+                                           .count()));
+    CHECK(Eventually([&] { return ts.server.connections() == 1; }, 10000ms));
+    pinned_after[wave] = PinnedKiB() - pinned_start;
+  }
+  // The receive rings went with their connections; the send buffers stay in their thread's
+  // pool for the next connections, so the second wave pinned nothing new.
+  std::printf("pinned after the waves: +%ld KiB, +%ld KiB\n", pinned_after[0], pinned_after[1]);
+  CHECK(pinned_after[0] <= 256);
+  CHECK(pinned_after[1] <= pinned_after[0]);
 }

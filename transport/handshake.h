@@ -67,7 +67,7 @@ enum class Refusal : uint16_t {
   kBadVersion = 2,   // the server does not speak the client's handshake version
   kServerError = 3,  // the server could not set the connection up
   kChallenge = 4,    // not a refusal: prove the secret against Answer::challenge
-  kBusy = 5,         // the server is out of connections or descriptors: RESOURCE_EXHAUSTED
+  kBusy = 5,         // out of connections, descriptors or handshake slots: RESOURCE_EXHAUSTED
 };
 
 struct Answer {

@@ -52,6 +52,16 @@ struct Options {
   // secret never travels, and no proof can be replayed). Not encryption: see
   // transport/handshake.h for what it does and does not protect. Use a long random secret.
   std::string auth_secret;
+  // RDMA listeners only: connections set up at once (accepted from the CM, not yet established).
+  // Each one pins its receive ring and holds a queue pair and a descriptor until the client
+  // completes the CM exchange, goes away, or 30 s pass, so without a bound a client that opens
+  // connections and never completes them would make the server pin memory without end. Past
+  // the bound a new client is refused as busy before anything is allocated for it
+  // (Channel::Connect fails with RESOURCE_EXHAUSTED; a channel that is reconnecting retries with
+  // its backoff); established connections are not affected.
+  // (TCP's handshakes hold a descriptor and no pinned memory; descriptors bound them.)
+  // 0 = no bound.
+  int max_handshakes = 128;
 
   static constexpr int kDefaultPollSpinUs = 200;
   static int PollSpinFromEnvironment() {

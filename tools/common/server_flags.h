@@ -27,9 +27,9 @@ namespace rdmarpc::cmdline {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
-  for (const char* name :
-       {"max-connections", "max-concurrent-calls", "max-buffered-bytes", "idle-timeout-ms",
-        "keepalive-ms", "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
+  for (const char* name : {"max-connections", "max-handshakes", "max-concurrent-calls",
+                           "max-buffered-bytes", "idle-timeout-ms", "keepalive-ms",
+                           "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
     known[name] = true;
   }
   known["access-log"] = false;
@@ -40,6 +40,9 @@ inline constexpr char kServerFlagsUsage[] =
     "Limits (what one client can hold; defaults in parentheses):\n"
     "  --max-connections N       clients served at once; one more is turned away with\n"
     "                            RESOURCE_EXHAUSTED (0 = as many as descriptors allow)\n"
+    "  --max-handshakes N        rdma: connections being set up at once (each pins its ring\n"
+    "                            until established); more are refused as busy (128; 0 = no\n"
+    "                            bound)\n"
     "  --max-concurrent-calls N  calls one connection runs at once; clients queue beyond (1024)\n"
     "  --max-buffered-bytes N    requests held plus replies a client has not read; over it the\n"
     "                            server stops reading from that client (16777216)\n"
@@ -63,6 +66,8 @@ inline constexpr char kServerFlagsUsage[] =
 inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o) {
   o.max_connections =
       static_cast<uint32_t>(flags.get_int("max-connections", o.max_connections, 0, 10000000));
+  o.transport.max_handshakes =
+      static_cast<int>(flags.get_int("max-handshakes", o.transport.max_handshakes, 0, 1000000));
   o.max_concurrent_calls_per_connection = static_cast<uint32_t>(
       flags.get_int("max-concurrent-calls", o.max_concurrent_calls_per_connection, 0, 10000000));
   o.max_buffered_bytes_per_connection = static_cast<size_t>(flags.get_int(

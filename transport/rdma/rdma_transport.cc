@@ -100,6 +100,10 @@ class RdmaListener final : public Listener {
     asio::posix::stream_descriptor fd;
     EventChannel events;
     CmId id;
+    // Connections between the CM's request and ESTABLISHED (Options::max_handshakes): counted
+    // up on the listener's thread, down on the I/O thread that set the connection up.
+    std::atomic<int> handshakes{0};
+    uint64_t refused_busy = 0;  // the listener's thread only
 
     void Wait() {
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -136,6 +140,20 @@ class RdmaListener final : public Listener {
         rdma_destroy_id(child);
         return;
       }
+      // Each connection in set-up pins its ring until it is established or given up: past the
+      // bound, busy, before anything is allocated. Logged once per 1,000: a flood must not
+      // flood the log as well.
+      if (const int max = options().max_handshakes; max > 0 && handshakes.load() >= max) {
+        if (refused_busy++ % 1000 == 0) {
+          spdlog::warn(
+              "rdma: {} connections in set-up, the most allowed: refusing {} as busy "
+              "({} so far)",
+              max, peer, refused_busy);
+        }
+        RejectWith(child, Refusal::kBusy);
+        rdma_destroy_id(child);
+        return;
+      }
       // Move the new id to its own event channel, on the I/O thread that will own it.
       EventChannel ch(rdma_create_event_channel());
       if (!ch || rdma_migrate_id(child, ch.get())) {
@@ -149,6 +167,7 @@ class RdmaListener final : public Listener {
         return;
       }
       const Executor& target = NextExecutor();
+      handshakes.fetch_add(1);
       asio::co_spawn(
           target,
           Accept(shared_from_this(), target, CmId(child), std::move(ch), decoded.value(), peer),
@@ -157,6 +176,11 @@ class RdmaListener final : public Listener {
 
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, Executor ex, CmId id,
                                         EventChannel ch, PeerHello client, std::string peer) {
+      // However this ends (established, refused, given up), the slot is free again.
+      struct Release {
+        State& s;
+        ~Release() { s.handshakes.fetch_sub(1); }
+      } release{*self};
       auto conn = std::make_shared<RdmaConnection>(ex, self->options(), peer);
       rdma_cm_id* raw = id.get();
       Expected<void> set_up = conn->Adopt(std::move(id), std::move(ch));
