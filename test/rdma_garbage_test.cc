@@ -681,7 +681,7 @@ TEST_CASE(
     CHECK(accepted == kMax);
     CHECK(busy == 2 * kMax);
     // Each set-up pins its receive ring and a send buffer (32 KiB each; send buffers come in
-    // slabs of 8): the bound holds the memory too.
+    // slabs of up to 8, so up to one slab more): the bound holds the memory too.
     CHECK(pinned <= kMax * 64 + 256);
     // A new client is told the server is busy, at once; the connected one is still served.
     auto refused = Channel::ConnectBlocking(ts.uri);
@@ -701,9 +701,53 @@ TEST_CASE(
     CHECK(Eventually([&] { return ts.server.connections() == 1; }, 10000ms));
     pinned_after[wave] = PinnedKiB() - pinned_start;
   }
-  // The receive rings went with their connections; the send buffers stay in their thread's
-  // pool for the next connections, so the second wave pinned nothing new.
+  // The receive rings went with their connections, and the send buffers' slabs but one empty
+  // one: the second wave pinned nothing more for good than the first.
   std::printf("pinned after the waves: +%ld KiB, +%ld KiB\n", pinned_after[0], pinned_after[1]);
   CHECK(pinned_after[0] <= 256);
   CHECK(pinned_after[1] <= pinned_after[0]);
+}
+
+TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][memory]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  auto first = Channel::ConnectBlocking(ts.uri);  // the server thread's device state is made
+  REQUIRE(first.ok());
+  const long pinned_start = PinnedKiB();
+  {
+    // One more client on a thread of its own: its ring and its one send buffer (a client
+    // thread's first slab holds one), and on the server a ring and a buffer of its second slab.
+    auto one = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(one.ok());
+    const long pinned_one = PinnedKiB() - pinned_start;
+    std::printf("one more rdma connection, both ends: pinned +%ld KiB\n", pinned_one);
+    CHECK(pinned_one <= 2 * 64 + 64);
+  }
+  REQUIRE(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
+  long pinned_after[2] = {0, 0};
+  // Twice: the second peak must not pin more for good than the first.
+  for (int wave = 0; wave < 2; ++wave) {
+    std::vector<std::shared_ptr<Channel>> clients;
+    for (int i = 0; i < 40; ++i) {
+      auto c = Channel::ConnectBlocking(ts.uri);
+      REQUIRE(c.ok());
+      clients.push_back(*c);
+    }
+    REQUIRE(Eventually([&] { return ts.server.connections() == 41; }, 20000ms));
+    const long peak = PinnedKiB() - pinned_start;
+    clients.clear();
+    REQUIRE(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
+    // The connections' threads let go of their state a moment after the server counts them out.
+    Eventually([&] { return PinnedKiB() - pinned_start <= 256; }, 5000ms);
+    pinned_after[wave] = PinnedKiB() - pinned_start;
+    std::printf("41 rdma connections, wave %d: pinned +%ld KiB at the peak, +%ld KiB after\n", wave,
+                peak, pinned_after[wave]);
+    CHECK(peak >= 40 * 64);  // both ends of 40 connections are in this process
+  }
+  // Each connection's receive ring goes with it; of the send buffers' slabs (up to 8 buffers,
+  // 256 KiB) the server thread keeps one empty slab for the next connections.
+  CHECK(pinned_after[0] <= 256);
+  CHECK(pinned_after[1] <= 256);
 }

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <map>
@@ -63,21 +64,51 @@ Expected<ThreadDevice::CqSlot*> ThreadDevice::AcquireCq(uint32_t send_depth) {
 }
 
 Expected<ThreadDevice::SendBuffer> ThreadDevice::AcquireSendBuffer() {
-  if (free_send_.empty()) {
-    Slab slab;
-    slab.mem = AllocAligned(size_t(kSendBuffersPerSlab) * kRingBytes);
-    if (!slab.mem) return Error{"out of memory for send buffers"};
-    slab.mr.reset(ibv_reg_mr(pd_.get(), slab.mem.get(), size_t(kSendBuffersPerSlab) * kRingBytes,
-                             IBV_ACCESS_LOCAL_WRITE));
-    if (!slab.mr) return Error{Errno("ibv_reg_mr (send slab)")};
-    for (uint32_t i = 0; i < kSendBuffersPerSlab; ++i) {
-      free_send_.push_back({slab.mem.get() + size_t(i) * kRingBytes, slab.mr->lkey});
+  static_assert(kSendBuffersPerSlab <= 32, "Slab::free_mask has a bit per buffer");
+  // At connection set-up, not per message: a walk over the slabs is cheap next to the QP.
+  Slab* slab = nullptr;
+  for (auto& s : slabs_) {
+    if (s->free_mask != 0) {
+      slab = s.get();
+      break;
     }
-    slabs_.push_back(std::move(slab));
   }
-  SendBuffer b = free_send_.back();
-  free_send_.pop_back();
-  return b;
+  if (!slab) {
+    const uint32_t n =
+        std::min<uint32_t>(kSendBuffersPerSlab, 1u << std::min<size_t>(slabs_.size(), 5));
+    auto fresh = std::make_unique<Slab>();
+    fresh->mem = AllocAligned(size_t(n) * kRingBytes);
+    if (!fresh->mem) return Error{"out of memory for send buffers"};
+    fresh->mr.reset(
+        ibv_reg_mr(pd_.get(), fresh->mem.get(), size_t(n) * kRingBytes, IBV_ACCESS_LOCAL_WRITE));
+    if (!fresh->mr) return Error{Errno("ibv_reg_mr (send slab)")};
+    fresh->all_free = n == 32 ? ~0u : (1u << n) - 1;
+    fresh->free_mask = fresh->all_free;
+    slab = fresh.get();
+    slabs_.push_back(std::move(fresh));
+  }
+  const int i = std::countr_zero(slab->free_mask);
+  slab->free_mask &= ~(1u << i);
+  return SendBuffer{slab->mem.get() + size_t(i) * kRingBytes, slab->mr->lkey, slab};
+}
+
+void ThreadDevice::ReleaseSendBuffer(SendBuffer b) {
+  Slab* slab = b.slab;
+  const auto i = static_cast<uint32_t>((b.data - slab->mem.get()) / kRingBytes);
+  slab->free_mask |= 1u << i;
+  if (slab->free_mask != slab->all_free) return;
+  // All of this slab is free. At most one such slab is kept: the oldest.
+  auto empty = [](const std::unique_ptr<Slab>& s) { return s->free_mask == s->all_free; };
+  auto oldest = std::find_if(slabs_.begin(), slabs_.end(), empty);
+  if (oldest->get() != slab) {
+    slabs_.erase(std::find_if(slabs_.begin(), slabs_.end(),
+                              [slab](const auto& s) { return s.get() == slab; }));
+    return;
+  }
+  // This one is the oldest empty slab: free the other empty one, if there is one (newer).
+  if (auto newer = std::find_if(std::next(oldest), slabs_.end(), empty); newer != slabs_.end()) {
+    slabs_.erase(newer);
+  }
 }
 
 size_t ThreadDevice::BulkClass(size_t bytes, size_t* capacity) {

@@ -70,15 +70,27 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   void ReleaseCq(CqSlot* slot) { --slot->conns; }
 
   // A connection's send staging buffer (kRingBytes), carved from slabs this thread registered
-  // once with local access only: connecting costs no registration for it, and the peer cannot
-  // touch it. Slabs are kept until the thread's device state goes; buffers are reused.
+  // with local access only: connecting costs no registration for it, and the peer cannot touch
+  // it. A thread's slabs hold 1, 2, 4, then kSendBuffersPerSlab buffers (a client thread with
+  // one connection pins one buffer, a server with many registers once per 8). Buffers are taken
+  // from the oldest slab with one free, so that after a peak of connections the newer slabs
+  // empty out; a slab whose buffers are all free is deregistered and freed, but for one kept
+  // for the next connections (so that a client connecting and leaving again and again does not
+  // register a slab each time).
+  struct Slab {
+    AlignedBuffer mem;
+    Mr mr;                   // declared after mem: deregistered before it is freed
+    uint32_t all_free = 0;   // a bit per buffer
+    uint32_t free_mask = 0;  // bit i: buffer i is free
+  };
   struct SendBuffer {
     std::byte* data = nullptr;
     uint32_t lkey = 0;
+    Slab* slab = nullptr;
   };
   Expected<SendBuffer> AcquireSendBuffer();
   // Only once the QP that used `b` is destroyed.
-  void ReleaseSendBuffer(SendBuffer b) { free_send_.push_back(b); }
+  void ReleaseSendBuffer(SendBuffer b);
 
   // A registered buffer for one large message: serialized into on the sending side and exposed
   // to the peer through a memory window, or RDMA-READ into on the receiving side. Registered
@@ -188,12 +200,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   CompChannel channel_;
   Srq srq_;
   std::vector<std::unique_ptr<CqSlot>> cqs_;
-  struct Slab {
-    AlignedBuffer mem;
-    Mr mr;  // declared after mem: deregistered before it is freed
-  };
-  std::vector<Slab> slabs_;
-  std::vector<SendBuffer> free_send_;
+  std::vector<std::unique_ptr<Slab>> slabs_;        // oldest first
   std::vector<std::vector<BulkBuffer>> bulk_free_;  // by size class
   size_t bulk_cached_ = 0;
   uint32_t cqe_ = 0, srq_depth_ = 0;
