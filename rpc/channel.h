@@ -99,7 +99,7 @@ class Channel {
   // SETTINGS; the channel lives on the calling coroutine's executor, whose io_context must be
   // run by a single thread. Fails with UNAVAILABLE when the server cannot be reached or refuses
   // us (the reason says which, e.g. a wrong secret), RESOURCE_EXHAUSTED when the server is at its
-  // connection limit (or, over RDMA, setting up as many connections as it allows at once).
+  // connection limit (or, over RDMA, flooded with connections in set-up).
   static boost::asio::awaitable<Result<std::shared_ptr<Channel>>> Connect(std::string uri,
                                                                           ChannelOptions options);
   // (An overload, not a default argument: GCC 12 destroys a coroutine's defaulted class-type

@@ -55,12 +55,13 @@ struct Options {
   // RDMA listeners only: connections set up at once (accepted from the CM, not yet established).
   // Each one pins its receive ring and holds a queue pair and a descriptor until the client
   // completes the CM exchange, goes away, or 30 s pass, so without a bound a client that opens
-  // connections and never completes them would make the server pin memory without end. Past
-  // the bound a new client is refused as busy before anything is allocated for it
-  // (Channel::Connect fails with RESOURCE_EXHAUSTED; a channel that is reconnecting retries with
-  // its backoff); established connections are not affected.
-  // (TCP's handshakes hold a descriptor and no pinned memory; descriptors bound them.)
-  // 0 = no bound.
+  // connections and never completes them would make the server pin memory without end. At the
+  // bound a new request makes the oldest set-up give up (a real client completes within
+  // milliseconds, so a flood of half-open requests cannot keep it out); a flood faster than
+  // that is refused as busy at twice the bound, before anything is allocated (Channel::Connect
+  // fails with RESOURCE_EXHAUSTED; a channel that is reconnecting retries with its backoff).
+  // Established connections are not affected. (TCP's handshakes hold a descriptor and no pinned
+  // memory; descriptors bound them.) 0 = no bound.
   int max_handshakes = 128;
 
   static constexpr int kDefaultPollSpinUs = 200;
