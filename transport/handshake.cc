@@ -185,8 +185,8 @@ std::string RefusalText(Refusal r) {
     case Refusal::kChallenge:
       return "the server asked for proof of a shared secret, and we have none";
     case Refusal::kBusy:
-      return "the server is busy (at its connection limit, out of descriptors, or setting up "
-             "as many connections as it allows at once)";
+      return "the server is busy (at its connection limit, out of descriptors, or flooded with "
+             "connections being set up)";
   }
   return "refused";
 }
