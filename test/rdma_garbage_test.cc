@@ -703,10 +703,11 @@ TEST_CASE(
     pinned_after[wave] = PinnedKiB() - pinned_start;
   }
   // The receive rings went with their connections, and the send buffers' slabs but one empty
-  // one: the second wave pinned nothing more for good than the first.
+  // one (of up to 8 buffers, 256 KiB; which one is kept depends on the order they emptied in):
+  // after the second wave as after the first, nothing more is pinned for good.
   std::printf("pinned after the waves: +%ld KiB, +%ld KiB\n", pinned_after[0], pinned_after[1]);
   CHECK(pinned_after[0] <= 256);
-  CHECK(pinned_after[1] <= pinned_after[0]);
+  CHECK(pinned_after[1] <= 256);
 }
 
 TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][memory]") {
