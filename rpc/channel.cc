@@ -196,7 +196,12 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     } else {
       sent = co_await SendRequest(index, method, &request, options, deadline);
     }
-    if (!sent.ok()) co_return Intercepted(method, ic, std::move(sent));
+    if (!sent.ok()) [[unlikely]] {
+      if (std::exchange(unheard_close_, false)) {  // nothing went out: wait as SendRequest does
+        sent = co_await SendRequest(index, method, &request, options, deadline);
+      }
+      if (!sent.ok()) co_return Intercepted(method, ic, std::move(sent));
+    }
     const uint64_t call_id = CallId(index);
     co_await Suspend(index, deadline);
     Status status;
@@ -562,27 +567,33 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                                       std::chrono::steady_clock::time_point deadline) {
     Slot& slot = calls_[index];
     // Admission: a ready connection with room under the concurrency limit, else wait in order
-    // (or fail at once when not connected, unless the caller asked to wait for readiness).
-    while (!AdmitsNow()) {
-      if (Status s = NotAdmitted(slot); !s.ok()) {
-        FreeSlot(index);
-        co_return s;
+    // (or fail at once when not connected, unless the caller asked to wait for readiness). A
+    // connection the transport has closed does not admit, even before the channel hears of it.
+    for (;;) {
+      while (!AdmitsNow() || conn_->closed()) {
+        if (Status s = NotAdmitted(slot); !s.ok()) {
+          FreeSlot(index);
+          co_return s;
+        }
+        if (state_ == State::kIdle) StartOnDemandConnect();
+        waiting_.PushBack(&slot);
+        co_await Suspend(index, deadline);
+        const bool woken = !slot.queued;
+        if (!woken) waiting_.Remove(&slot);
+        Status gave_up = WithLimitReason(WithQueueReason(GaveUp(deadline, options, woken)));
+        if (!gave_up.ok()) {
+          FreeSlot(index);
+          WakeWaiters();  // pass on any room this call was woken for
+          co_return gave_up;
+        }
+        if (state_ == State::kReady && HasRoom() && !conn_->closed()) break;
+        // Woken but the room went to someone else, or the connection went down meanwhile.
       }
-      if (state_ == State::kIdle) StartOnDemandConnect();
-      waiting_.PushBack(&slot);
-      co_await Suspend(index, deadline);
-      const bool woken = !slot.queued;
-      if (!woken) waiting_.Remove(&slot);
-      Status gave_up = WithLimitReason(WithQueueReason(GaveUp(deadline, options, woken)));
-      if (!gave_up.ok()) {
-        FreeSlot(index);
-        WakeWaiters();  // pass on any room this call was woken for
-        co_return gave_up;
-      }
-      if (state_ == State::kReady && HasRoom()) break;
-      // Woken but the room went to someone else, or the connection went down meanwhile.
+      Status sent = SendAdmitted(index, method, request, options, deadline);
+      if (!std::exchange(unheard_close_, false)) co_return sent;
+      // The transport had closed the connection and its OnClose is on its way: nothing went out,
+      // so wait as for any connection that is down (for the reconnect, if wait_for_ready).
     }
-    co_return SendAdmitted(index, method, request, options, deadline);
   }
 
   // Whether a call may be sent at once (SendAdmitted) rather than wait (SendRequest).
@@ -590,7 +601,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
 
   // Sends slot `index`'s REQUEST frame, once admitted. Not a coroutine: the usual call, admitted
   // at once, pays for no second coroutine frame. `now`: the clock as the caller read it just
-  // before, or the epoch to read it here (after a wait for admission).
+  // before, or the epoch to read it here (after a wait for admission). On failure the slot is
+  // freed, except when the transport refused the frame because it has closed the connection
+  // and the channel has not heard yet (OnClose is posted): then unheard_close_ is set and the
+  // slot kept, and the caller waits for admission again (SendRequest) as if the connection had
+  // gone just before. (A flag, not a return value: the usual call pays nothing for it.)
   Status SendAdmitted(uint32_t index, const MethodInfo& method,
                       const google::protobuf::MessageLite* request, const CallOptions& options,
                       std::chrono::steady_clock::time_point deadline,
@@ -630,9 +645,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
                         " bytes exceeds the message limit of " + std::to_string(max_message) +
                         (max_message == conn_->max_message_bytes() ? "" : " set by the server"));
     }
-    if (!conn_->Send(writer)) {
+    if (!conn_->Send(writer)) [[unlikely]] {
+      if (conn_->closed()) {
+        unheard_close_ = true;
+        return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closed");
+      }
       FreeSlot(index);
-      return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closed");
+      return Status(StatusCode::kUnavailable, "connection to " + target_ + " is closing");
     }
     slot.sent = true;
     ++in_flight_;
@@ -1460,6 +1479,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // executor_'s io_context executor, when it is one (else null): see Call.
   const asio::io_context::executor_type* io_executor_;
   State state_ = State::kDown;
+  // Set by SendAdmitted when the transport refused a request on a connection it has closed
+  // before telling us; taken at once by SendAdmitted's caller.
+  bool unheard_close_ = false;
   bool started_ = false;
   Status last_error_;
   std::optional<Status> goaway_;

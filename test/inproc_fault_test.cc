@@ -18,6 +18,7 @@ using namespace std::chrono_literals;
 namespace inproc = rdmarpc::transport::inproc;
 using inproc::Direction;
 using inproc::Fault;
+namespace asio = boost::asio;
 
 namespace {
 
@@ -116,6 +117,61 @@ TEST_CASE("a connection that breaks under a call fails it with UNAVAILABLE; the 
   REQUIRE(again.ok());
   CHECK(again->payload() == "again");
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 5000ms));
+}
+
+// The transport closes a connection at once but tells the channel later (OnClose is posted): a
+// call made in between finds the channel still ready and the transport refusing its request.
+// Nothing of that call went out, so it is as if the connection had gone just before it: a
+// wait_for_ready call waits for the reconnect, a fail-fast one fails saying the connection was
+// lost. (Seen over rdma:// in hostile_server_test: a wait_for_ready call failed at once.)
+TEST_CASE(
+    "a call made after the transport closed the connection, before the channel heard, "
+    "waits for the reconnect when wait_for_ready",
+    "[inproc][faults]") {
+  TestServer ts("inproc://unheard-close:0", ServerOptions{.io_threads = 1});
+  std::atomic<bool> reset{false};
+  Faults faults("unheard-close", [&](Direction d, std::span<const std::byte> m) {
+    if (d == Direction::kToServer && TypeOf(m) == FrameType::kRequest && !reset.exchange(true)) {
+      return Fault::kReset;  // the first request breaks the connection as it is sent
+    }
+    return Fault::kDeliver;
+  });
+  ChannelOptions co;
+  co.reconnect_backoff_initial = 20ms;
+  auto ch = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE(ch.ok());
+  const bool wait_for_ready = GENERATE(true, false);
+  INFO("wait_for_ready " << wait_for_ready);
+  std::atomic<StatusCode> first{StatusCode::kOk};
+  Status second;
+  std::string second_payload;
+  (*ch)->Run([&]() -> asio::awaitable<void> {
+    TestService::Stub stub(*ch);
+    // Both start in this turn of the channel's thread, before the connection's OnClose: the
+    // first one's request resets the connection, the second finds it closed.
+    auto ex = co_await asio::this_coro::executor;
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          auto r = co_await stub.Echo(Payload("first"), {.timeout = 10s});
+          first = r.status().code();
+        },
+        asio::detached);
+    auto r =
+        co_await stub.Echo(Payload("second"), {.timeout = 10s, .wait_for_ready = wait_for_ready});
+    second = r.status();
+    if (r.ok()) second_payload = r->payload();
+  }());
+  CHECK(reset);
+  CHECK(Eventually([&] { return first == StatusCode::kUnavailable; }, 5000ms));
+  INFO("second: " << second.ToString());
+  if (wait_for_ready) {
+    REQUIRE(second.ok());
+    CHECK(second_payload == "second");
+  } else {
+    CHECK(second.code() == StatusCode::kUnavailable);
+    CHECK_THAT(second.message(), Catch::Contains("lost") && Catch::Contains("reset"));
+  }
 }
 
 TEST_CASE("server keepalive drops a client whose answers to its pings are lost",
