@@ -22,9 +22,8 @@
 
 namespace rdmarpc::testing {
 
-// A connection to 127.0.0.1:`port` that has sent its HELLO (the answer is left unread, like
-// everything else the server sends), non-blocking from then on.
-inline int RawClient(uint16_t port) {
+// A blocking socket connected to 127.0.0.1:`port`, nothing sent.
+inline int RawConnect(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in a{};
@@ -32,6 +31,13 @@ inline int RawClient(uint16_t port) {
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+// A connection to 127.0.0.1:`port` that has sent its HELLO (the answer is left unread, like
+// everything else the server sends), non-blocking from then on.
+inline int RawClient(uint16_t port) {
+  const int fd = RawConnect(port);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   uint8_t hello[transport::kHelloBytes];

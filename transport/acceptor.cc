@@ -1,7 +1,11 @@
 #include "transport/acceptor.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <utility>
 
 namespace rdmarpc::transport {
@@ -12,6 +16,47 @@ AcceptorCore::AcceptorCore(std::vector<Executor> executors, AcceptHandler on_acc
       on_accept_(std::move(on_accept)),
       options_(options),
       auth_(options.auth_secret) {}
+
+bool AcceptorCore::MakeRoom(std::string_view scheme, const std::string& peer) {
+  const int max = options_.max_handshakes;
+  if (max <= 0) return true;
+  const int now = set_ups_now_.load();
+  if (now >= 2 * max) {
+    if (refused_busy_++ % 1000 == 0) {
+      spdlog::warn("{}: {} connections in set-up: refusing {} as busy ({} so far)", scheme, now,
+                   peer, refused_busy_);
+    }
+    return false;
+  }
+  if (now < max) return true;
+  while (!set_ups_.empty()) {
+    std::shared_ptr<SetUp> oldest = std::move(set_ups_.front());
+    set_ups_.pop_front();
+    if (oldest->done.load()) continue;
+    if (evicted_++ % 1000 == 0) {
+      spdlog::warn(
+          "{}: {} connections in set-up, the most allowed: giving up on the oldest for a new "
+          "one from {} ({} so far)",
+          scheme, now, peer, evicted_);
+    }
+    boost::asio::post(oldest->ex, [oldest] {
+      if (!oldest->done.load()) oldest->give_up.emit(boost::asio::cancellation_type::terminal);
+    });
+    break;
+  }
+  return true;
+}
+
+std::shared_ptr<AcceptorCore::SetUp> AcceptorCore::BeginSetUp(const Executor& ex) {
+  set_ups_now_.fetch_add(1);
+  auto set_up = std::make_shared<SetUp>(ex);
+  if (options_.max_handshakes <= 0) return set_up;  // no bound: none is ever given up
+  if (set_ups_.size() > 4 * size_t(std::max(options_.max_handshakes, 16))) {
+    std::erase_if(set_ups_, [](const auto& u) { return u->done.load(); });
+  }
+  set_ups_.push_back(set_up);
+  return set_up;
+}
 
 Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hello>& hello,
                             bool retry, std::string* why) const {

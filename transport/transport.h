@@ -52,16 +52,17 @@ struct Options {
   // secret never travels, and no proof can be replayed). Not encryption: see
   // transport/handshake.h for what it does and does not protect. Use a long random secret.
   std::string auth_secret;
-  // RDMA listeners only: connections set up at once (accepted from the CM, not yet established).
-  // Each one pins its receive ring and holds a queue pair and a descriptor until the client
-  // completes the CM exchange, goes away, or 30 s pass, so without a bound a client that opens
-  // connections and never completes them would make the server pin memory without end. At the
-  // bound a new request makes the oldest set-up give up (a real client completes within
-  // milliseconds, so a flood of half-open requests cannot keep it out); a flood faster than
-  // that is refused as busy at twice the bound, before anything is allocated (Channel::Connect
-  // fails with RESOURCE_EXHAUSTED; a channel that is reconnecting retries with its backoff).
-  // Established connections are not affected. (TCP's handshakes hold a descriptor and no pinned
-  // memory; descriptors bound them.) 0 = no bound.
+  // Listeners: connections in set-up at once (accepted, handshake not finished). Each one holds
+  // a descriptor until its client completes the set-up, goes away, or the set-up times out
+  // (TCP: the HELLO exchange, within connect_timeout_ms; RDMA: the CM exchange, up to 30 s,
+  // with a queue pair and its receive ring pinned), so without a bound a client that opens
+  // connections and never completes them would hold the server's descriptors (and pinned
+  // memory) without end. At the bound a new connection makes the oldest set-up give up (a real
+  // client completes within milliseconds, so a flood of half-open connections cannot keep it
+  // out); a flood faster than that is turned away at twice the bound before anything is
+  // allocated (RDMA: refused as busy, Channel::Connect fails with RESOURCE_EXHAUSTED; TCP:
+  // closed at once, UNAVAILABLE; a channel that is reconnecting retries with its backoff).
+  // Established connections are not affected. 0 = no bound.
   int max_handshakes = 128;
 
   static constexpr int kDefaultPollSpinUs = 200;

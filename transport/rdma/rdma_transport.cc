@@ -104,58 +104,6 @@ class RdmaListener final : public Listener {
     asio::posix::stream_descriptor fd;
     EventChannel events;
     CmId id;
-    // Connections between the CM's request and ESTABLISHED (Options::max_handshakes): counted
-    // up on the listener's thread, down on the I/O thread that set the connection up.
-    std::atomic<int> handshakes{0};
-    // One connection in set-up, as the listener sees it: it can ask the set-up to give up.
-    struct SetUp {
-      explicit SetUp(Executor e) : ex(std::move(e)) {}
-      Executor ex;
-      asio::cancellation_signal give_up;  // emitted on ex's thread only
-      std::atomic<bool> done{false};      // the set-up ended (either way)
-    };
-    // The set-ups in the order their requests came (done ones are dropped as the front reaches
-    // them, or all at once when the queue grows long). The listener's thread only.
-    std::deque<std::shared_ptr<SetUp>> set_ups;
-    uint64_t evicted = 0, refused_busy = 0;  // the listener's thread only
-
-    // At the bound, the oldest set-up gives up for the new one: a client that completes the
-    // CM exchange does so within milliseconds, so the oldest is the likeliest never to, and a
-    // flood of requests left half-open must outpace every real client's exchange to keep one
-    // out (refusing the newest instead would let a few requests every 30 s keep every new
-    // client out). Evictions take effect on the set-up's own thread, so a flood faster than
-    // they do is refused as busy at twice the bound: memory stays bounded either way.
-    // True when the new request may go ahead.
-    bool MakeRoom(const std::string& peer) {
-      const int max = options().max_handshakes;
-      if (max <= 0) return true;
-      const int now = handshakes.load();
-      if (now >= 2 * max) {
-        if (refused_busy++ % 1000 == 0) {
-          spdlog::warn("rdma: {} connections in set-up: refusing {} as busy ({} so far)", now, peer,
-                       refused_busy);
-        }
-        return false;
-      }
-      if (now < max) return true;
-      while (!set_ups.empty()) {
-        std::shared_ptr<SetUp> oldest = std::move(set_ups.front());
-        set_ups.pop_front();
-        if (oldest->done.load()) continue;
-        if (evicted++ % 1000 == 0) {
-          spdlog::warn(
-              "rdma: {} connections in set-up, the most allowed: giving up on the oldest for a "
-              "new one from {} ({} so far)",
-              now, peer, evicted);
-        }
-        asio::post(oldest->ex, [oldest] {
-          if (!oldest->done.load()) oldest->give_up.emit(asio::cancellation_type::terminal);
-        });
-        break;
-      }
-      return true;
-    }
-
     void Wait() {
       fd.async_wait(asio::posix::stream_descriptor::wait_read,
                     [self = shared_from_this()](boost::system::error_code ec) {
@@ -194,7 +142,7 @@ class RdmaListener final : public Listener {
       // Each connection in set-up pins its ring until it is established or given up: at the
       // bound the oldest gives up; at twice the bound, busy, before anything is allocated.
       // Logged once per 1,000: a flood must not flood the log as well.
-      if (!MakeRoom(peer)) {
+      if (!MakeRoom("rdma", peer)) {
         RejectWith(child, Refusal::kBusy);
         rdma_destroy_id(child);
         return;
@@ -212,12 +160,7 @@ class RdmaListener final : public Listener {
         return;
       }
       const Executor& target = NextExecutor();
-      handshakes.fetch_add(1);
-      auto set_up = std::make_shared<SetUp>(target);
-      if (set_ups.size() > 4 * size_t(std::max(options().max_handshakes, 16))) {
-        std::erase_if(set_ups, [](const auto& u) { return u->done.load(); });
-      }
-      set_ups.push_back(set_up);
+      auto set_up = BeginSetUp(target);
       asio::co_spawn(target,
                      Accept(shared_from_this(), set_up, target, CmId(child), std::move(ch),
                             decoded.value(), peer),
@@ -227,15 +170,8 @@ class RdmaListener final : public Listener {
     static asio::awaitable<void> Accept(std::shared_ptr<State> self, std::shared_ptr<SetUp> slot,
                                         Executor ex, CmId id, EventChannel ch, PeerHello client,
                                         std::string peer) {
-      // However this ends (established, refused, given up), the slot is free again.
-      struct Release {
-        State& s;
-        SetUp& u;
-        ~Release() {
-          u.done.store(true);
-          s.handshakes.fetch_sub(1);
-        }
-      } release{*self, *slot};
+      // However this ends (established, refused, given up), it no longer counts as set-up.
+      const SetUpEnd end(*self, std::move(slot));
       // Given up (MakeRoom): the wait below ends, without a throw.
       co_await asio::this_coro::throw_if_cancelled(false);
       auto conn = std::make_shared<RdmaConnection>(ex, self->options(), peer);

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/defer.hpp>
@@ -851,12 +852,26 @@ class TcpListener final : public Listener {
         return;
       }
       boost::system::error_code how;
+      const auto remote = sock.remote_endpoint(how);
+      std::string peer = how ? std::string("tcp://?") : EndpointUri(remote);
+      // Each connection in set-up holds a descriptor until its HELLO comes or the connect
+      // timeout passes: at the bound the oldest gives up, at twice the bound the new one is
+      // closed at once (see AcceptorCore::MakeRoom). (No "busy" answer: its HELLO may be
+      // unread, and a close with unread data resets the connection before the answer is read.)
+      if (!s->MakeRoom("tcp", peer)) {
+        sock.close(how);
+        AcceptNext(s);
+        return;
+      }
       const int fd = sock.release(how);
       if (how) {
         spdlog::warn("tcp: cannot hand over an accepted connection: {}", how.message());
       } else {
-        asio::co_spawn(s->NextExecutor(), Handshake(s, AcceptedSocket(fd, s->protocol)),
-                       asio::detached);
+        const Executor& target = s->NextExecutor();
+        auto set_up = s->BeginSetUp(target);
+        asio::co_spawn(target,
+                       Handshake(s, set_up, AcceptedSocket(fd, s->protocol), std::move(peer)),
+                       asio::bind_cancellation_slot(set_up->give_up.slot(), asio::detached));
       }
       AcceptNext(s);
     });
@@ -916,22 +931,31 @@ class TcpListener final : public Listener {
   // The server's half of the handshake, on the connection's own thread: read the client's
   // HELLO (the whole exchange bounded by the connect timeout, so a silent peer cannot hold a
   // socket), challenge it when we have a secret, answer, and only then hand the connection to
-  // the server.
-  static asio::awaitable<void> Handshake(std::shared_ptr<State> s, AcceptedSocket accepted) {
+  // the server. Given up early when newer connections need its place (MakeRoom).
+  static asio::awaitable<void> Handshake(std::shared_ptr<State> s,
+                                         std::shared_ptr<AcceptorCore::SetUp> set_up,
+                                         AcceptedSocket accepted, std::string peer) {
+    const AcceptorCore::SetUpEnd end(*s, std::move(set_up));
+    // Given up: the read or write in progress ends with operation_aborted, without a throw.
+    co_await asio::this_coro::throw_if_cancelled(false);
     boost::system::error_code ec;
     tcp::socket sock = accepted.Take(co_await asio::this_coro::executor, ec);
     if (ec) {
       spdlog::warn("tcp: cannot take an accepted connection: {}", ec.message());
       co_return;
     }
-    const auto remote = sock.remote_endpoint(ec);
-    const std::string peer = ec ? std::string("tcp://?") : EndpointUri(remote);
     const auto until = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(s->options().connect_timeout_ms);
     Answer answer;
     for (int round = 0;; ++round) {
       uint8_t buf[kHelloBytes];
       auto [rec, n] = co_await ReadWithin(sock, asio::buffer(buf), MsLeft(until));
+      if ((co_await asio::this_coro::cancellation_state).cancelled() !=
+          asio::cancellation_type::none) [[unlikely]] {
+        // One per connection of a flood: MakeRoom's warning counts them instead.
+        spdlog::debug("tcp: handshake from {} given up for a newer connection", peer);
+        co_return;
+      }
       if (rec) {
         spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
         co_return;
