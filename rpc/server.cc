@@ -865,6 +865,13 @@ Result<std::string> Server::Listen(const std::string& uri) {
   std::vector<transport::Executor> executors;
   for (auto& t : core_->threads) executors.push_back(t->ioc.get_executor());
   internal::ServerCore* core = core_.get();
+  transport::Options options = core_->options.transport;
+  // At the connection limit a new client is refused in its handshake (busy: RESOURCE_EXHAUSTED)
+  // before anything is set up for it; Begin's GOAWAY remains for clients that pass here
+  // together and find the server full after. (The listener is closed before the core goes.)
+  if (const int64_t max = core_->options.max_connections; max > 0) {
+    options.full = [core, max] { return core->connections.load() >= max; };
+  }
   auto listener = transport::Listen(
       uri, executors,
       [core](std::shared_ptr<transport::Connection> conn) {
@@ -879,7 +886,7 @@ Result<std::string> Server::Listen(const std::string& uri) {
         auto sc = std::make_shared<internal::ServerConnection>(core, thread, std::move(conn));
         sc->Begin();
       },
-      core_->options.transport);
+      options);
   if (!listener.ok()) return Status(StatusCode::kUnavailable, listener.error().message);
   std::string bound = listener.value()->uri();
   core_->listeners.push_back(std::move(listener.value()));

@@ -33,7 +33,9 @@ struct ServerOptions {
   // that ignores it gets RESOURCE_EXHAUSTED for the excess. 0 = no limit.
   uint32_t max_concurrent_calls_per_connection = 1024;
   // The most client connections served at once, over all listeners and threads; one more is
-  // turned away with GOAWAY, and its Channel::Connect fails with RESOURCE_EXHAUSTED. 0 = no limit.
+  // refused as busy in its handshake, before anything is set up for it (or, when it passed the
+  // handshake together with others and finds the server full after, turned away with GOAWAY),
+  // and its Channel::Connect fails with RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_connections = 0;
   // Keepalive towards clients (see ChannelOptions::keepalive_interval): a client silent for the
   // interval is pinged, and its connection closed when nothing arrives within the timeout; its

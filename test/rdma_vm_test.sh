@@ -36,9 +36,10 @@ script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_name.xml TEST_TARG
 events_name=rpc_integration_test_events
 script+="; echo \"=== rpc_integration_test [core] over rdma:// with events only\""
 script+="; RDMARPC_POLL_SPIN_US=0 XML_OUTPUT_FILE=$results/$events_name.xml TEST_TARGET=rdma_vm/$events_name timeout $(limit 300) test/rpc_integration_test '[core]' --durations yes || rc=1"
-# And the connection-limit cases with busy-poll: a server at its limit writes GOAWAY the moment
-# a connection is up, the race in which completions polled before Start's replay of early ones
-# used to be processed ahead of them (issue 11, item 11).
+# And the connection-limit cases with busy-poll: the server writes the moment a connection is up
+# (SETTINGS; GOAWAY to a client that passed the handshake and found it full), the race in which
+# completions polled before Start's replay of early ones used to be processed ahead of them
+# (issue 11, item 11). Over the limit a client is now refused in the CM exchange itself.
 busy_limits=reliability_test_busy_poll
 script+="; echo \"=== reliability_test [limits] over rdma:// with busy-poll\""
 script+="; RDMARPC_BUSY_POLL=1 XML_OUTPUT_FILE=$results/$busy_limits.xml TEST_TARGET=rdma_vm/$busy_limits timeout $(limit 300) test/reliability_test '[limits]' --durations yes || rc=1"

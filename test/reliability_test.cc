@@ -78,7 +78,11 @@ TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUST
   auto c = Channel::ConnectBlocking(ts.uri);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().code() == StatusCode::kResourceExhausted);
-  CHECK_THAT(c.status().message(), Catch::Contains("limit of 2 connections"));
+  // Refused in the handshake (tcp://, rdma://: the ANSWER's "busy" names no number), or told by
+  // GOAWAY (inproc://, which has no handshake; and a client that passed the handshake together
+  // with another and found the server full after).
+  CHECK_THAT(c.status().message(),
+             Catch::Contains("limit of 2 connections") || Catch::Contains("connection limit"));
   // The two admitted clients are unaffected.
   TestService::BlockingStub stub(*b);
   CHECK(stub.Echo(EchoRequest()).ok());

@@ -69,6 +69,15 @@ Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hel
   answer.code = auth_.Check(hello.value(), &answer.challenge);
   // A HELLO that answers our challenge must carry the proof it asked for.
   if (answer.code == Refusal::kChallenge && retry) answer.code = Refusal::kBadSecret;
+  // Full only once the client has proved itself: an unauthenticated one learns nothing more.
+  // Logged once per 1,000 (`why` empty otherwise): a flood must not flood the log as well.
+  if (answer.code == Refusal::kNone && options_.full && options_.full()) {
+    answer.code = Refusal::kBusy;
+    if (const uint64_t n = refused_full_.fetch_add(1) + 1; n % 1000 == 1) {
+      *why = "busy: at the server's connection limit (" + std::to_string(n) + " so far)";
+    }
+    return answer;
+  }
   if (answer.code != Refusal::kNone && answer.code != Refusal::kChallenge) {
     *why = RefusalText(answer.code);
   }

@@ -37,7 +37,8 @@ class AcceptorCore {
   // not decode). kNone: go on; kChallenge: answer with answer.challenge and expect the HELLO
   // again with a proof; anything else is a refusal, and `*why` says why for the log. `retry`:
   // this HELLO answers our challenge (TCP's second round), so it must carry the proof. Any
-  // thread (handshakes run on the I/O threads).
+  // thread (handshakes run on the I/O threads). Options::full turns a client that passed away
+  // as busy; `*why` is then set only once per 1,000 such refusals (empty: nothing to log).
   Answer Screen(const uint8_t* bytes, size_t len, const Expected<Hello>& hello, bool retry,
                 std::string* why) const;
 
@@ -101,7 +102,8 @@ class AcceptorCore {
   // The set-ups in the order they began (done ones are dropped as the front reaches them, or
   // all at once when the queue grows long). The listener's thread only.
   std::deque<std::shared_ptr<SetUp>> set_ups_;
-  uint64_t evicted_ = 0, refused_busy_ = 0;  // the listener's thread only
+  uint64_t evicted_ = 0, refused_busy_ = 0;        // the listener's thread only
+  mutable std::atomic<uint64_t> refused_full_{0};  // Screen's, on any thread
 
   const std::vector<Executor> executors_;
   const AcceptHandler on_accept_;

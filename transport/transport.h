@@ -64,6 +64,14 @@ struct Options {
   // closed at once, UNAVAILABLE; a channel that is reconnecting retries with its backoff).
   // Established connections are not affected. 0 = no bound.
   int max_handshakes = 128;
+  // Listeners: asked for each new connection once its HELLO has passed, before anything more is
+  // set up for it (over RDMA: before its queue pair and ring); true turns it away as busy (the
+  // client hears RESOURCE_EXHAUSTED). The RPC server answers whether it is at max_connections,
+  // so that a client over the limit costs a refusal, not a connection set up only to be told
+  // GOAWAY and held for a moment (which a flood of connects could repeat without end; the
+  // GOAWAY stays for those that pass here together and find the server full after). Any
+  // thread, often; must be cheap. Empty: never full.
+  std::function<bool()> full;
 
   static constexpr int kDefaultPollSpinUs = 200;
   static int PollSpinFromEnvironment() {

@@ -132,7 +132,7 @@ class RdmaListener final : public Listener {
           /*retry=*/false, &why);
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (answer.code != Refusal::kNone) {
-        if (answer.code != Refusal::kChallenge) {
+        if (answer.code != Refusal::kChallenge && !why.empty()) {
           spdlog::warn("rdma: refusing connection from {}: {}", peer, why);
         }
         RejectWith(child, answer);

@@ -965,7 +965,7 @@ class TcpListener final : public Listener {
       answer = s->Screen(buf, n, hello, /*retry=*/round > 0, &why);
       if (answer.code == Refusal::kNone) {
         answer.proof = s->auth().ProveServer(hello.value(), Hello{});
-      } else if (answer.code != Refusal::kChallenge) {
+      } else if (answer.code != Refusal::kChallenge && !why.empty()) {
         spdlog::warn("tcp: refusing connection from {}: {}", peer, why);
       }
       uint8_t out[kAnswerBytes];
