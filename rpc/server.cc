@@ -33,6 +33,7 @@
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
 #include "transport/factory.h"
+#include "transport/uri.h"
 
 namespace rdmarpc {
 namespace asio = boost::asio;
@@ -179,7 +180,47 @@ struct ServerCore {
     }
   }
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
-  std::atomic<int64_t> throttled{0};    // times a connection went over its memory budget
+
+  // Connections served per client address (ServerOptions::max_connections_per_peer; empty when
+  // it is 0). Touched as connections open and close, never per call.
+  std::mutex peers_mu;
+  std::unordered_map<std::string, uint32_t> peers;
+  // Counts a connection from `host` in; false (nothing counted) at the limit.
+  bool AdmitPeer(const std::string& host) {
+    std::lock_guard lock(peers_mu);
+    uint32_t& n = peers[host];
+    if (n >= options.max_connections_per_peer) {
+      if (n == 0) peers.erase(host);
+      return false;
+    }
+    ++n;
+    return true;
+  }
+  void ReleasePeer(const std::string& host) {
+    std::lock_guard lock(peers_mu);
+    if (auto it = peers.find(host); it != peers.end() && --it->second == 0) peers.erase(it);
+  }
+  // For the handshake (transport::Options::full): why a client from `peer` would be turned
+  // away, or null.
+  const char* Full(std::string_view peer) {
+    const uint32_t max = options.max_connections;
+    if (max > 0 && connections.load() >= int64_t{max}) return "at the server's connection limit";
+    if (options.max_connections_per_peer == 0) return nullptr;
+    const std::string host = PeerHost(peer);
+    std::lock_guard lock(peers_mu);
+    auto it = peers.find(host);
+    if (it != peers.end() && it->second >= options.max_connections_per_peer) {
+      return "at the limit of connections from one client address";
+    }
+    return nullptr;
+  }
+  // The address part of a peer URI ("tcp://10.0.0.1:5000" -> "10.0.0.1"); the whole string when
+  // it is not one (inproc:// peers are names).
+  static std::string PeerHost(std::string_view peer) {
+    auto ep = transport::ParseUri(peer);
+    return ep.ok() ? ep.value().host : std::string(peer);
+  }
+  std::atomic<int64_t> throttled{0};  // times a connection went over its memory budget
   std::vector<std::function<void()>> shutdown_hooks;  // added before Start, run by Shutdown
 
   // Shutdown hand-off to Run(): RequestShutdown sets the flag and writes a byte to the pipe Run()
@@ -253,13 +294,20 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (max > 0 && open > max) {
       core_->connections.fetch_sub(1);
       spdlog::warn("server: turning {} away: at the limit of {} connections", *peer_, max);
-      SendGoAway(Status(StatusCode::kResourceExhausted,
-                        "server is at its limit of " + std::to_string(max) + " connections"));
-      conn_->PauseReceiving();
-      auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));
-      timer->async_wait(
-          [self = shared_from_this(), timer](boost::system::error_code) { self->Close(); });
-      return;
+      return TurnAway(Status(StatusCode::kResourceExhausted,
+                             "server is at its limit of " + std::to_string(max) + " connections"));
+    }
+    if (const uint32_t per_peer = core_->options.max_connections_per_peer; per_peer > 0) {
+      peer_host_ = ServerCore::PeerHost(*peer_);
+      if (!core_->AdmitPeer(peer_host_)) {
+        core_->connections.fetch_sub(1);
+        spdlog::warn("server: turning {} away: at the limit of {} connections from {}", *peer_,
+                     per_peer, peer_host_);
+        return TurnAway(Status(StatusCode::kResourceExhausted,
+                               "server is at its limit of " + std::to_string(per_peer) +
+                                   " connections from one client address (" + peer_host_ + ")"));
+      }
+      peer_counted_ = true;
     }
     counted_ = true;
     Settings settings;
@@ -285,6 +333,16 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
   void Close() {
     if (conn_) conn_->Close();
+  }
+
+  // Over a connection limit: the client is told so with GOAWAY and the connection closed (by
+  // the client on reading it, or by us a moment later).
+  void TurnAway(const Status& why) {
+    SendGoAway(why);
+    conn_->PauseReceiving();
+    auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));
+    timer->async_wait(
+        [self = shared_from_this(), timer](boost::system::error_code) { self->Close(); });
   }
 
   // Shutdown's close: the replies of the calls that just finished may still be queued (TCP
@@ -363,6 +421,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     conn_.reset();
     if (counted_) core_->connections.fetch_sub(1);
     counted_ = false;
+    if (peer_counted_) core_->ReleasePeer(peer_host_);
+    peer_counted_ = false;
     // Nobody is left to answer: cancel what the connection's calls are doing.
     for (CancelHook* h = running_; h;) {
       CancelHook* next = h->next;
@@ -734,6 +794,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
   int quiet_ticks_ = 0;
   bool counted_ = false;  // served (false: turned away at the connection limit)
+  // Counted in ServerCore::peers under this address (max_connections_per_peer).
+  bool peer_counted_ = false;
+  std::string peer_host_;
   bool goaway_sent_ = false;
   bool idle_goaway_ = false;
   bool paused_ = false;               // receiving paused by Throttle
@@ -866,11 +929,11 @@ Result<std::string> Server::Listen(const std::string& uri) {
   for (auto& t : core_->threads) executors.push_back(t->ioc.get_executor());
   internal::ServerCore* core = core_.get();
   transport::Options options = core_->options.transport;
-  // At the connection limit a new client is refused in its handshake (busy: RESOURCE_EXHAUSTED)
+  // At a connection limit a new client is refused in its handshake (busy: RESOURCE_EXHAUSTED)
   // before anything is set up for it; Begin's GOAWAY remains for clients that pass here
   // together and find the server full after. (The listener is closed before the core goes.)
-  if (const int64_t max = core_->options.max_connections; max > 0) {
-    options.full = [core, max] { return core->connections.load() >= max; };
+  if (core_->options.max_connections > 0 || core_->options.max_connections_per_peer > 0) {
+    options.full = [core](std::string_view peer) { return core->Full(peer); };
   }
   auto listener = transport::Listen(
       uri, executors,

@@ -37,6 +37,11 @@ struct ServerOptions {
   // handshake together with others and finds the server full after, turned away with GOAWAY),
   // and its Channel::Connect fails with RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_connections = 0;
+  // The most connections served at once from one client address (the IP address, whatever the
+  // port), so that one client cannot take every connection (or, without max_connections, every
+  // descriptor) and keep the others out. Refused and turned away as for max_connections.
+  // 0 = no limit. (Clients behind one NAT or proxy share an address: size it for them.)
+  uint32_t max_connections_per_peer = 0;
   // Keepalive towards clients (see ChannelOptions::keepalive_interval): a client silent for the
   // interval is pinged, and its connection closed when nothing arrives within the timeout; its
   // running handlers are cancelled. Zero interval = off (the default).

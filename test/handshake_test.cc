@@ -230,7 +230,7 @@ TEST_CASE("a listener's verdict on a HELLO: go on, challenge, or refuse saying w
   std::string why;
   auto screen = [&](AcceptorCore& c, const uint8_t* bytes, size_t n, bool retry) {
     why.clear();
-    return c.Screen(bytes, n, DecodeHello(bytes, n), retry, &why);
+    return c.Screen(bytes, n, DecodeHello(bytes, n), retry, "tcp://127.0.0.1:1", &why);
   };
 
   auto open = core("");

@@ -92,6 +92,24 @@ class RssWatch {
   std::thread thread_;
 };
 
+// The code of the handshake ANSWER on `fd` (a RawClient's), read within 2 s; nullopt if none
+// came whole.
+std::optional<transport::Refusal> AnswerCode(int fd) {
+  uint8_t answer[transport::kAnswerBytes];
+  size_t got = 0;
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (got < sizeof answer && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) != 1) continue;
+    const ssize_t n = read(fd, answer + got, sizeof answer - got);
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+  auto decoded = transport::DecodeAnswer(answer, got);
+  if (!decoded.ok()) return std::nullopt;
+  return decoded.value().code;
+}
+
 // The descriptors process `pid` has open.
 int Descriptors(pid_t pid) {
   int n = 0;
@@ -509,18 +527,7 @@ TEST_CASE("clients over max_connections are refused in the handshake and hold no
     peak = std::max(peak, Descriptors(server->pid()));
   }
   for (int fd : fds) {
-    uint8_t answer[transport::kAnswerBytes];
-    size_t got = 0;
-    const auto until = std::chrono::steady_clock::now() + 2s;
-    while (got < sizeof answer && std::chrono::steady_clock::now() < until) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 100) != 1) continue;
-      const ssize_t n = read(fd, answer + got, sizeof answer - got);
-      if (n <= 0) break;
-      got += size_t(n);
-    }
-    auto decoded = transport::DecodeAnswer(answer, got);
-    (decoded.ok() && decoded.value().code == transport::Refusal::kBusy ? busy : other)++;
+    (AnswerCode(fd) == transport::Refusal::kBusy ? busy : other)++;
     close(fd);
   }
   std::printf(
@@ -533,6 +540,30 @@ TEST_CASE("clients over max_connections are refused in the handshake and hold no
   req.set_message("still served");
   CHECK(demo::Echo::BlockingStub(*a).Say(req, {.timeout = 5s}).ok());
   CHECK(demo::Echo::BlockingStub(*b).Say(req, {.timeout = 5s}).ok());
+}
+
+TEST_CASE("one client address cannot take every connection (max_connections_per_peer)",
+          "[hostile][tcp][limits]") {
+  auto [server, uri] = StartServer(
+      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--max-connections-per-peer", "4"});
+  const uint16_t port = PortOf(uri);
+  std::vector<int> fds;
+  int accepted = 0, busy = 0;
+  for (int i = 0; i < 20; ++i) {
+    fds.push_back(RawClient(port));
+    const auto code = AnswerCode(fds.back());
+    accepted += code == transport::Refusal::kNone;
+    busy += code == transport::Refusal::kBusy;
+  }
+  std::printf("20 connections from 127.0.0.1, at most 4 per address: %d accepted, %d busy\n",
+              accepted, busy);
+  CHECK(accepted == 4);
+  CHECK(busy == 16);
+  // A client from another address is not kept out by them.
+  const int other = RawClient(port, "127.0.0.2");
+  CHECK(AnswerCode(other) == transport::Refusal::kNone);
+  close(other);
+  for (int fd : fds) close(fd);
 }
 
 TEST_CASE(

@@ -22,10 +22,17 @@
 
 namespace rdmarpc::testing {
 
-// A blocking socket connected to 127.0.0.1:`port`, nothing sent.
-inline int RawConnect(uint16_t port) {
+// A blocking socket connected to 127.0.0.1:`port`, nothing sent; from address `from` (another
+// loopback address, e.g. 127.0.0.2, for a second client address) when given.
+inline int RawConnect(uint16_t port, const char* from = nullptr) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
+  if (from) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    REQUIRE(inet_pton(AF_INET, from, &src.sin_addr) == 1);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) == 0);
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -36,8 +43,8 @@ inline int RawConnect(uint16_t port) {
 
 // A connection to 127.0.0.1:`port` that has sent its HELLO (the answer is left unread, like
 // everything else the server sends), non-blocking from then on.
-inline int RawClient(uint16_t port) {
-  const int fd = RawConnect(port);
+inline int RawClient(uint16_t port, const char* from = nullptr) {
+  const int fd = RawConnect(port, from);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   uint8_t hello[transport::kHelloBytes];

@@ -93,6 +93,28 @@ TEST_CASE("max_connections: one more client is turned away with RESOURCE_EXHAUST
   CHECK(d.ok());
 }
 
+TEST_CASE("max_connections_per_peer: one client address cannot take every connection",
+          "[reliability][limits]") {
+  // (Not inproc://: its peers are names, one per client.)
+  auto listen = GENERATE(from_range(ListenUris()));
+  TestServer ts(listen, ServerOptions{.io_threads = 2, .max_connections_per_peer = 2});
+  ChannelOptions co;
+  co.reconnect = false;
+  auto a = Channel::ConnectBlocking(ts.uri, co);
+  auto b = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  auto c = Channel::ConnectBlocking(ts.uri, co);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == StatusCode::kResourceExhausted);
+  INFO(c.status().ToString());
+  TestService::BlockingStub stub(*b);
+  CHECK(stub.Echo(EchoRequest()).ok());
+  a = Status(StatusCode::kCancelled, "dropped");
+  REQUIRE(Eventually([&] { return ts.server.connections() < 2; }, 5000ms));
+  CHECK(Channel::ConnectBlocking(ts.uri, co).ok());
+}
+
 TEST_CASE("concurrency limits queue calls (backpressure), never fail them",
           "[reliability][limits]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

@@ -59,7 +59,7 @@ std::shared_ptr<AcceptorCore::SetUp> AcceptorCore::BeginSetUp(const Executor& ex
 }
 
 Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hello>& hello,
-                            bool retry, std::string* why) const {
+                            bool retry, std::string_view peer, std::string* why) const {
   Answer answer;
   if (!hello.ok()) {
     *why = hello.error().message;
@@ -69,17 +69,18 @@ Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hel
   answer.code = auth_.Check(hello.value(), &answer.challenge);
   // A HELLO that answers our challenge must carry the proof it asked for.
   if (answer.code == Refusal::kChallenge && retry) answer.code = Refusal::kBadSecret;
-  // Full only once the client has proved itself: an unauthenticated one learns nothing more.
-  // Logged once per 1,000 (`why` empty otherwise): a flood must not flood the log as well.
-  if (answer.code == Refusal::kNone && options_.full && options_.full()) {
-    answer.code = Refusal::kBusy;
-    if (const uint64_t n = refused_full_.fetch_add(1) + 1; n % 1000 == 1) {
-      *why = "busy: at the server's connection limit (" + std::to_string(n) + " so far)";
-    }
+  if (answer.code != Refusal::kNone) {
+    if (answer.code != Refusal::kChallenge) *why = RefusalText(answer.code);
     return answer;
   }
-  if (answer.code != Refusal::kNone && answer.code != Refusal::kChallenge) {
-    *why = RefusalText(answer.code);
+  // Full only once the client has proved itself: an unauthenticated one learns nothing more.
+  // Logged once per 1,000 (`why` empty otherwise): a flood must not flood the log as well.
+  if (!options_.full) return answer;
+  if (const char* full = options_.full(peer)) {
+    answer.code = Refusal::kBusy;
+    if (const uint64_t n = refused_full_.fetch_add(1) + 1; n % 1000 == 1) {
+      *why = std::string("busy: ") + full + " (" + std::to_string(n) + " refused so far)";
+    }
   }
   return answer;
 }

@@ -38,9 +38,10 @@ class AcceptorCore {
   // again with a proof; anything else is a refusal, and `*why` says why for the log. `retry`:
   // this HELLO answers our challenge (TCP's second round), so it must carry the proof. Any
   // thread (handshakes run on the I/O threads). Options::full turns a client that passed away
-  // as busy; `*why` is then set only once per 1,000 such refusals (empty: nothing to log).
+  // as busy (`peer`: its address, for Options::full); `*why` is then set only once per 1,000
+  // such refusals (empty: nothing to log).
   Answer Screen(const uint8_t* bytes, size_t len, const Expected<Hello>& hello, bool retry,
-                std::string* why) const;
+                std::string_view peer, std::string* why) const;
 
   const Authenticator& auth() const { return auth_; }
   const Options& options() const { return options_; }

@@ -65,13 +65,15 @@ struct Options {
   // Established connections are not affected. 0 = no bound.
   int max_handshakes = 128;
   // Listeners: asked for each new connection once its HELLO has passed, before anything more is
-  // set up for it (over RDMA: before its queue pair and ring); true turns it away as busy (the
-  // client hears RESOURCE_EXHAUSTED). The RPC server answers whether it is at max_connections,
-  // so that a client over the limit costs a refusal, not a connection set up only to be told
-  // GOAWAY and held for a moment (which a flood of connects could repeat without end; the
-  // GOAWAY stays for those that pass here together and find the server full after). Any
-  // thread, often; must be cheap. Empty: never full.
-  std::function<bool()> full;
+  // set up for it (over RDMA: before its queue pair and ring), with the client's address (a URI,
+  // as Connection::peer() gives it). A reason (for the log) turns it away as busy (the client
+  // hears RESOURCE_EXHAUSTED); null lets it in. The RPC server answers whether it is at
+  // max_connections or, for this client's address, at max_connections_per_peer, so that a
+  // client over a limit costs a refusal, not a connection set up only to be told GOAWAY and
+  // held for a moment (which a flood of connects could repeat without end; the GOAWAY stays for
+  // those that pass here together and find the server full after). Any thread; must be cheap.
+  // Empty: never full.
+  std::function<const char*(std::string_view peer)> full;
 
   static constexpr int kDefaultPollSpinUs = 200;
   static int PollSpinFromEnvironment() {

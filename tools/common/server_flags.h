@@ -27,9 +27,10 @@ namespace rdmarpc::cmdline {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
-  for (const char* name : {"max-connections", "max-handshakes", "max-concurrent-calls",
-                           "max-buffered-bytes", "idle-timeout-ms", "keepalive-ms",
-                           "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
+  for (const char* name :
+       {"max-connections", "max-connections-per-peer", "max-handshakes", "max-concurrent-calls",
+        "max-buffered-bytes", "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms",
+        "shutdown-grace-ms", "metrics-listen"}) {
     known[name] = true;
   }
   known["access-log"] = false;
@@ -40,6 +41,8 @@ inline constexpr char kServerFlagsUsage[] =
     "Limits (what one client can hold; defaults in parentheses):\n"
     "  --max-connections N       clients served at once; one more is turned away with\n"
     "                            RESOURCE_EXHAUSTED (0 = as many as descriptors allow)\n"
+    "  --max-connections-per-peer N\n"
+    "                            the same for the clients of one IP address (0 = no limit)\n"
     "  --max-handshakes N        connections being set up at once (each holds a descriptor,\n"
     "                            and over rdma a pinned ring, until established); past it the\n"
     "                            oldest gives up, past twice it new ones are turned away\n"
@@ -67,6 +70,8 @@ inline constexpr char kServerFlagsUsage[] =
 inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o) {
   o.max_connections =
       static_cast<uint32_t>(flags.get_int("max-connections", o.max_connections, 0, 10000000));
+  o.max_connections_per_peer = static_cast<uint32_t>(
+      flags.get_int("max-connections-per-peer", o.max_connections_per_peer, 0, 10000000));
   o.transport.max_handshakes =
       static_cast<int>(flags.get_int("max-handshakes", o.transport.max_handshakes, 0, 1000000));
   o.max_concurrent_calls_per_connection = static_cast<uint32_t>(

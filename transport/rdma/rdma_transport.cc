@@ -129,7 +129,7 @@ class RdmaListener final : public Listener {
       const Answer answer = Screen(
           static_cast<const uint8_t*>(e->param.conn.private_data), e->param.conn.private_data_len,
           decoded.ok() ? Expected<Hello>(decoded.value().hello) : Expected<Hello>(decoded.error()),
-          /*retry=*/false, &why);
+          /*retry=*/false, peer, &why);
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (answer.code != Refusal::kNone) {
         if (answer.code != Refusal::kChallenge && !why.empty()) {

@@ -962,7 +962,7 @@ class TcpListener final : public Listener {
       }
       const Expected<Hello> hello = DecodeHello(buf, n);
       std::string why;
-      answer = s->Screen(buf, n, hello, /*retry=*/round > 0, &why);
+      answer = s->Screen(buf, n, hello, /*retry=*/round > 0, peer, &why);
       if (answer.code == Refusal::kNone) {
         answer.proof = s->auth().ProveServer(hello.value(), Hello{});
       } else if (answer.code != Refusal::kChallenge && !why.empty()) {
