@@ -9,6 +9,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <iterator>
+#include <list>
 #include <thread>
 
 namespace rdmarpc {
@@ -19,9 +21,15 @@ namespace http = beast::http;
 using asio::ip::tcp;
 
 struct MetricsEndpoint::Impl {
-  // Declared before io: the sessions' frames, destroyed with io, still decrement `sessions`.
+  // One connection, as the acceptor sees it: closed to make room for a new one (see Accept).
+  struct Live {
+    beast::tcp_stream* stream = nullptr;  // set once its session starts
+    bool served = false;                  // it has had an answer: a scraper, not a squatter
+    bool evicted = false;                 // closed for a newer one (before it started, even)
+  };
+  // Declared before io: the sessions' frames, destroyed with io, still erase themselves.
   std::shared_ptr<const Metrics> metrics;
-  int sessions = 0;  // only on io's thread
+  std::list<Live> live;  // in the order they came; only on io's thread
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   std::thread thread;
@@ -31,21 +39,40 @@ struct MetricsEndpoint::Impl {
       auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) continue;  // e.g. out of descriptors for a moment
-      if (sessions >= kMaxConnections) {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-        continue;
-      }
-      ++sessions;
-      asio::co_spawn(io, Session(beast::tcp_stream(std::move(socket))), asio::detached);
+      if (live.size() >= size_t{kMaxConnections}) MakeRoom();
+      live.emplace_back();
+      asio::co_spawn(io, Session(beast::tcp_stream(std::move(socket)), std::prev(live.end())),
+                     asio::detached);
     }
   }
 
-  asio::awaitable<void> Session(beast::tcp_stream stream) {
-    struct Count {
-      int& n;
-      ~Count() { --n; }
-    } count{sessions};
+  // At the bound, the oldest connection that has never had an answer is closed for the new one,
+  // or else the oldest of all. Refusing the newest instead let a client that holds
+  // kMaxConnections idle connections (renewed every kIdleTimeout) keep every scrape out; now it
+  // must outpace a scrape's few milliseconds, and a scraper's kept-alive connection goes last.
+  void MakeRoom() {
+    auto victim = live.end();
+    for (auto it = live.begin(); it != live.end(); ++it) {
+      if (it->evicted) continue;
+      if (!it->served) {
+        victim = it;
+        break;
+      }
+      if (victim == live.end()) victim = it;
+    }
+    if (victim == live.end()) return;
+    victim->evicted = true;
+    if (victim->stream) victim->stream->close();  // its read ends; the session erases it
+  }
+
+  asio::awaitable<void> Session(beast::tcp_stream stream, std::list<Live>::iterator self) {
+    struct Erase {
+      std::list<Live>& live;
+      std::list<Live>::iterator self;
+      ~Erase() { live.erase(self); }
+    } erase{live, self};
+    if (self->evicted) co_return;
+    self->stream = &stream;
     beast::flat_buffer buffer(16 * 1024);  // bounded: a request larger than this is an error
     for (;;) {
       stream.expires_after(kIdleTimeout);
@@ -80,6 +107,7 @@ struct MetricsEndpoint::Impl {
       if (req.method() == http::verb::head) res.body().clear();  // keeps Content-Length
       auto [wec, wn] = co_await http::async_write(stream, res, asio::as_tuple(asio::use_awaitable));
       if (wec || !res.keep_alive()) break;
+      self->served = true;
     }
     boost::system::error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_send, ignored);

@@ -3,9 +3,10 @@
 //
 // Runs on a thread of its own (Boost.Beast on its own io_context), so scrapes never run on the
 // I/O threads that serve calls. Bounded against a hostile client: at most kMaxConnections at
-// once (more are closed on accept), request headers of at most 8 KiB, no request body, and a
-// connection that sends nothing for kIdleTimeout is closed. It has no authentication: bind it
-// to a loopback or management address.
+// once (one more closes the oldest that has never had an answer, else the oldest: idle
+// connections cannot keep a scraper out), request headers of at most 8 KiB, no request body,
+// and a connection that sends nothing for kIdleTimeout is closed. It has no authentication:
+// bind it to a loopback or management address.
 #pragma once
 
 #include <chrono>
