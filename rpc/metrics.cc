@@ -438,6 +438,21 @@ void RenderTransport(Writer& w) {
   w.Sample("rdmarpc_transport_connections_opened_total", "transport=\"inproc\"",
            Get(v, Stat::kInprocConnectionsOpened));
 
+  w.Family("rdmarpc_transport_refused_total", "counter",
+           "New connections turned away, by reason: a server connection limit (max_connections, "
+           "max_connections_per_peer), twice max_handshakes in set-up at once, or out of "
+           "descriptors.");
+  w.Sample("rdmarpc_transport_refused_total", "reason=\"connection_limit\"",
+           Get(v, Stat::kRefusedLimit));
+  w.Sample("rdmarpc_transport_refused_total", "reason=\"handshakes\"",
+           Get(v, Stat::kRefusedHandshakes));
+  w.Sample("rdmarpc_transport_refused_total", "reason=\"descriptors\"",
+           Get(v, Stat::kRefusedDescriptors));
+  w.Family("rdmarpc_transport_handshakes_given_up_total", "counter",
+           "Connections in set-up given up for newer ones at max_handshakes (clients that "
+           "connect and never finish the handshake).");
+  w.Sample("rdmarpc_transport_handshakes_given_up_total", "", Get(v, Stat::kHandshakesGivenUp));
+
   w.Family("rdmarpc_rdma_ring_used_bytes", "gauge",
            "Bytes this process's RDMA connections have written into their peers' receive rings "
            "and not yet had credited back (ring occupancy, summed over connections).");

@@ -33,6 +33,7 @@
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
 #include "transport/factory.h"
+#include "transport/stats.h"
 #include "transport/uri.h"
 
 namespace rdmarpc {
@@ -338,6 +339,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // Over a connection limit: the client is told so with GOAWAY and the connection closed (by
   // the client on reading it, or by us a moment later).
   void TurnAway(const Status& why) {
+    transport::Count(transport::Stat::kRefusedLimit);
     SendGoAway(why);
     conn_->PauseReceiving();
     auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(1));

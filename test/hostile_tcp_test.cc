@@ -30,6 +30,7 @@
 #include "test/raw_tcp.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
+#include "transport/stats.h"
 
 using namespace rdmarpc;
 using namespace rdmarpc::testing;
@@ -499,6 +500,21 @@ TEST_CASE(
   for (int fd : fds) close(fd);
   // And the server still serves.
   CHECK(demo::Echo::BlockingStub(*ch).Say(req, {.timeout = 5s}).ok());
+}
+
+TEST_CASE("handshakes given up for newer ones are counted for monitoring", "[hostile][tcp]") {
+  ServerOptions so{.io_threads = 1};
+  so.transport.max_handshakes = 2;
+  TestServer ts("tcp://127.0.0.1:0", so);
+  const auto given_up = [] {
+    return transport::Get(transport::Snapshot(), transport::Stat::kHandshakesGivenUp);
+  };
+  const uint64_t before = given_up();
+  std::vector<int> fds;
+  for (int i = 0; i < 6; ++i) fds.push_back(RawConnect(PortOf(ts.uri)));
+  // rdmarpc_transport_handshakes_given_up_total: one for each silent connection past the 2.
+  CHECK(Eventually([&] { return given_up() >= before + 4; }, 5000ms));
+  for (int fd : fds) close(fd);
 }
 
 // Over max_connections a client used to be set up in full, told GOAWAY and held up to a second:

@@ -14,6 +14,7 @@
 #include "rpc/internal/frame.h"
 #include "test/raw_peer.h"
 #include "test/test_util.h"
+#include "transport/stats.h"
 #include "transport/transport.h"
 #include "transport/uri.h"
 
@@ -104,10 +105,15 @@ TEST_CASE("max_connections_per_peer: one client address cannot take every connec
   auto b = Channel::ConnectBlocking(ts.uri, co);
   REQUIRE(a.ok());
   REQUIRE(b.ok());
+  const auto refused = [] {
+    return transport::Get(transport::Snapshot(), transport::Stat::kRefusedLimit);
+  };
+  const uint64_t refused_before = refused();
   auto c = Channel::ConnectBlocking(ts.uri, co);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().code() == StatusCode::kResourceExhausted);
   INFO(c.status().ToString());
+  CHECK(refused() > refused_before);  // rdmarpc_transport_refused_total{reason="connection_limit"}
   TestService::BlockingStub stub(*b);
   CHECK(stub.Echo(EchoRequest()).ok());
   a = Status(StatusCode::kCancelled, "dropped");

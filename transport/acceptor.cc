@@ -8,6 +8,8 @@
 #include <boost/asio/post.hpp>
 #include <utility>
 
+#include "transport/stats.h"
+
 namespace rdmarpc::transport {
 
 AcceptorCore::AcceptorCore(std::vector<Executor> executors, AcceptHandler on_accept,
@@ -22,6 +24,7 @@ bool AcceptorCore::MakeRoom(std::string_view scheme, const std::string& peer) {
   if (max <= 0) return true;
   const int now = set_ups_now_.load();
   if (now >= 2 * max) {
+    Count(Stat::kRefusedHandshakes);
     if (refused_busy_++ % 1000 == 0) {
       spdlog::warn("{}: {} connections in set-up: refusing {} as busy ({} so far)", scheme, now,
                    peer, refused_busy_);
@@ -33,6 +36,7 @@ bool AcceptorCore::MakeRoom(std::string_view scheme, const std::string& peer) {
     std::shared_ptr<SetUp> oldest = std::move(set_ups_.front());
     set_ups_.pop_front();
     if (oldest->done.load()) continue;
+    Count(Stat::kHandshakesGivenUp);
     if (evicted_++ % 1000 == 0) {
       spdlog::warn(
           "{}: {} connections in set-up, the most allowed: giving up on the oldest for a new "
@@ -78,6 +82,7 @@ Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hel
   if (!options_.full) return answer;
   if (const char* full = options_.full(peer)) {
     answer.code = Refusal::kBusy;
+    Count(Stat::kRefusedLimit);
     if (const uint64_t n = refused_full_.fetch_add(1) + 1; n % 1000 == 1) {
       *why = std::string("busy: ") + full + " (" + std::to_string(n) + " refused so far)";
     }

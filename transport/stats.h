@@ -33,6 +33,11 @@ enum class Stat : int {
   kRdmaBusyPollNanos,  // time spent busy-polling (Options::busy_poll)
   kRdmaSpinNanos,      // time spent in the adaptive polling window (Options::poll_spin_us)
   kRdmaSleepNanos,     // time spent waiting on the completion channel
+  // Listeners (TCP and RDMA): new connections turned away, and set-ups given up.
+  kRefusedLimit,        // busy: the server's max_connections or max_connections_per_peer
+  kRefusedHandshakes,   // turned away at twice Options::max_handshakes
+  kRefusedDescriptors,  // busy: the process was out of descriptors (TCP's reserve)
+  kHandshakesGivenUp,   // set-ups given up for newer ones at Options::max_handshakes
   kCount
 };
 

@@ -37,6 +37,7 @@
 #include "transport/rdma/connection.h"
 #include "transport/rdma/tunables.h"
 #include "transport/rdma/verbs.h"
+#include "transport/stats.h"
 
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
@@ -153,9 +154,9 @@ class RdmaListener final : public Listener {
         const int err_no = errno;
         spdlog::warn("rdma: cannot take connection from {}: {}", peer, std::strerror(err_no));
         // Out of descriptors is the usual cause: the client hears RESOURCE_EXHAUSTED.
-        RejectWith(child, err_no == EMFILE || err_no == ENFILE || err_no == ENOMEM
-                              ? Refusal::kBusy
-                              : Refusal::kServerError);
+        const bool busy = err_no == EMFILE || err_no == ENFILE || err_no == ENOMEM;
+        if (busy) Count(Stat::kRefusedDescriptors);
+        RejectWith(child, busy ? Refusal::kBusy : Refusal::kServerError);
         rdma_destroy_id(child);
         return;
       }

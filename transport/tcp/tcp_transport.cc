@@ -890,6 +890,7 @@ class TcpListener final : public Listener {
       s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
       return false;
     }
+    Count(Stat::kRefusedDescriptors);
     if (s->refused_busy++ % 1000 == 0) {
       spdlog::warn("tcp: out of file descriptors: refusing new clients as busy ({} so far)",
                    s->refused_busy);
