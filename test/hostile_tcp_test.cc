@@ -477,7 +477,8 @@ TEST_CASE(
               baseline, peak);
   // The connection above holds one; the handshakes at most twice the bound (evictions take
   // effect on the handshake's thread, a moment after the accept that asked for them).
-  CHECK(peak <= baseline + 1 + 2 * kMax + 2);
+  // (And a few the server opens lazily: `baseline` was 10 in one run and 13 in another.)
+  CHECK(peak <= baseline + 1 + 2 * kMax + 4);
   // The silent connections given up are closed at once, not at the 5 s connect timeout: within
   // 2 s all but the last few have seen their end.
   const auto until = std::chrono::steady_clock::now() + 2s;
@@ -551,7 +552,9 @@ TEST_CASE("clients over max_connections are refused in the handshake and hold no
       "descriptors %d before, peak %d\n",
       busy, other, baseline, peak);
   CHECK(busy == 200);
-  CHECK(peak <= baseline + 4);  // a handshake or two in progress at a time
+  // A few handshakes in progress at a time (more when this machine is loaded), not one
+  // descriptor per connection made (the old code reached the limit, 64).
+  CHECK(peak <= baseline + 16);
   demo::SayRequest req;
   req.set_message("still served");
   CHECK(demo::Echo::BlockingStub(*a).Say(req, {.timeout = 5s}).ok());
@@ -570,6 +573,12 @@ TEST_CASE("one client address cannot take every connection (max_connections_per_
     const auto code = AnswerCode(fds.back());
     accepted += code == transport::Refusal::kNone;
     busy += code == transport::Refusal::kBusy;
+    if (code == transport::Refusal::kNone) {
+      // The server counts a connection just after its ANSWER and then sends SETTINGS: wait for
+      // that, so that the next connection finds this one counted.
+      pollfd p{fds.back(), POLLIN, 0};
+      CHECK(poll(&p, 1, 5000) == 1);
+    }
   }
   std::printf("20 connections from 127.0.0.1, at most 4 per address: %d accepted, %d busy\n",
               accepted, busy);
