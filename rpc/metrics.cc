@@ -539,6 +539,11 @@ std::string Metrics::Render() const {
              "Times a connection went over its memory budget and was paused.");
     w.Sample("rdmarpc_server_throttle_events_total", "",
              static_cast<uint64_t>(server_watched_->throttle_events()));
+    w.Family("rdmarpc_server_buffered_bytes", "gauge",
+             "Bytes the connections hold together (requests of running calls, replies not yet "
+             "taken), against ServerOptions::max_buffered_bytes; to within 32 KiB a connection.");
+    w.Sample("rdmarpc_server_buffered_bytes", "",
+             static_cast<double>(server_watched_->buffered_bytes()));
   }
   RenderTransport(w);
   for (const Custom& c : custom_) {

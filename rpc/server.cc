@@ -181,6 +181,8 @@ struct ServerCore {
     }
   }
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
+  // What the connections hold (ServerOptions::max_buffered_bytes), as each last reported it.
+  std::atomic<int64_t> buffered{0};
 
   // Connections served per client address (ServerOptions::max_connections_per_peer; empty when
   // it is 0). Touched as connections open and close, never per call.
@@ -423,6 +425,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     conn_.reset();
     if (counted_) core_->connections.fetch_sub(1);
     counted_ = false;
+    core_->buffered.fetch_sub(int64_t(std::exchange(reported_, 0)), std::memory_order_relaxed);
     if (peer_counted_) core_->ReleasePeer(peer_host_);
     peer_counted_ = false;
     // Nobody is left to answer: cancel what the connection's calls are doing.
@@ -463,8 +466,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // Over it, receiving is paused (by Throttle after the send that crossed it, or by Break), so
   // OnSendProgress reports each step down and Throttle wakes the writers at half.
   bool OverBudget() override {
-    const size_t budget = core_->options.max_buffered_bytes_per_connection;
-    if (budget == 0 || !conn_ || BufferedBytes() <= budget) return false;
+    if (!conn_ || !Over(BufferedBytes())) return false;
     writers_over_budget_ = true;
     return true;
   }
@@ -548,25 +550,58 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // falls to half, broken or not.
   void Throttle() {
     if (!conn_) return;
-    const size_t budget = core_->options.max_buffered_bytes_per_connection;
-    if (budget == 0) return;
     const size_t used = BufferedBytes();
-    if (writers_over_budget_ && used <= budget / 2) {
+    // The usual case, a connection holding little, paused for nothing and reported as holding
+    // nothing: no bound can apply (see quiet_below_), and there is nothing to report.
+    if (used < quiet_below_ && (reported_ | paused_ | writers_over_budget_) == 0) return;
+    Report(used);
+    if (writers_over_budget_ && BackUnder(used)) {
       writers_over_budget_ = false;
       for (auto& [id, hook] : streams_) hook->WakeWriter();
     }
     if (broken_) return;  // Break paused receiving for good
-    if (!paused_ && used > budget) {
+    if (!paused_ && Over(used)) {
       paused_ = true;
       ++core_->throttled;
-      spdlog::debug("server: {} holds {} bytes (budget {}): not reading from it", *peer_, used,
-                    budget);
+      spdlog::debug("server: {} holds {} bytes (budget {}, server {} of {}): not reading from it",
+                    *peer_, used, core_->options.max_buffered_bytes_per_connection,
+                    core_->buffered.load(std::memory_order_relaxed),
+                    core_->options.max_buffered_bytes);
       conn_->PauseReceiving();
-    } else if (paused_ && used <= budget / 2) {
+    } else if (paused_ && BackUnder(used)) {
       paused_ = false;
       conn_->ResumeReceiving();
     }
   }
+
+  // Whether a connection holding `used` bytes must not be read: over its own budget, or over
+  // its share while the server is over its total (ServerOptions::max_buffered_bytes).
+  bool Over(size_t used) const {
+    const size_t budget = core_->options.max_buffered_bytes_per_connection;
+    return (budget != 0 && used > budget) || OverShare(used);
+  }
+  // Whether a paused connection holding `used` bytes may be read again: back to half of both.
+  bool BackUnder(size_t used) const {
+    const size_t budget = core_->options.max_buffered_bytes_per_connection;
+    return (budget == 0 || used <= budget / 2) && !OverShare(2 * used);
+  }
+  bool OverShare(size_t used) const {
+    const size_t total = core_->options.max_buffered_bytes;
+    if (total == 0 || core_->buffered.load(std::memory_order_relaxed) <= int64_t(total)) {
+      return false;
+    }
+    const int64_t n = std::max<int64_t>(core_->connections.load(std::memory_order_relaxed), 1);
+    return used > total / size_t(n);
+  }
+  // Tells the server what this connection holds when it has moved by kReportGrain or more (or
+  // to nothing): a shared atomic for large changes only, not on every call.
+  void Report(size_t used) {
+    const int64_t delta = int64_t(used) - int64_t(reported_);
+    if (delta < kReportGrain && delta > -kReportGrain && (used != 0 || reported_ == 0)) return;
+    core_->buffered.fetch_add(delta, std::memory_order_relaxed);
+    reported_ = used;
+  }
+  static constexpr int64_t kReportGrain = 32 << 10;
 
   // A protocol error: tell the client why (GOAWAY), take nothing more from it, and close once
   // the calls that arrived before the error have delivered their replies, or after
@@ -803,9 +838,22 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   bool idle_goaway_ = false;
   bool paused_ = false;               // receiving paused by Throttle
   bool writers_over_budget_ = false;  // a stream writer waits for the budget (OverBudget)
-  bool in_frame_ = false;             // inside OnFrame, which runs Throttle at its end
-  bool broken_ = false;               // protocol error: closing once its calls are done
-  CancelHook* running_ = nullptr;     // calls that a CANCEL may still reach
+  size_t reported_ = 0;               // what this connection last added to core_->buffered (Report)
+  // Below this a connection is over no bound and has nothing to report: the smaller of
+  // kReportGrain and the per-connection budget (both bounds off: no limit at all). (A share of
+  // the server-wide bound under kReportGrain is not kept: it is tracked to within that.)
+  const size_t quiet_below_ = QuietBelow(core_->options);
+  static size_t QuietBelow(const ServerOptions& o) {
+    if (o.max_buffered_bytes_per_connection == 0 && o.max_buffered_bytes == 0) return SIZE_MAX;
+    size_t q = size_t(kReportGrain);
+    if (o.max_buffered_bytes_per_connection != 0) {
+      q = std::min(q, o.max_buffered_bytes_per_connection + 1);
+    }
+    return q;
+  }
+  bool in_frame_ = false;          // inside OnFrame, which runs Throttle at its end
+  bool broken_ = false;            // protocol error: closing once its calls are done
+  CancelHook* running_ = nullptr;  // calls that a CANCEL may still reach
   // The streaming calls among them, by call id: their WINDOW and STREAM_MESSAGE frames come
   // often, so they are found without a walk.
   std::unordered_map<uint64_t, CancelHook*> streams_;
@@ -1070,5 +1118,6 @@ int64_t Server::in_flight_calls() const { return core_->in_flight.load(); }
 int64_t Server::connections() const { return core_->connections.load(); }
 
 int64_t Server::throttle_events() const { return core_->throttled.load(); }
+int64_t Server::buffered_bytes() const { return core_->buffered.load(); }
 
 }  // namespace rdmarpc

@@ -54,6 +54,11 @@ struct ServerOptions {
   // Calls already running still finish, so the worst case is this plus the replies of at most
   // max_concurrent_calls_per_connection calls. 0 = no bound (not recommended).
   size_t max_buffered_bytes_per_connection = 16u << 20;
+  // The same for all clients together, so that many connections (each within the bound above)
+  // cannot add up to more: while the server holds more than this, a connection holding more
+  // than its share (this / connections served) is not read until it is back under half its
+  // share or the server under this. Tracked per connection to within 32 KiB. 0 = no bound.
+  size_t max_buffered_bytes = size_t{1} << 30;
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
   // rings. Our channels then reconnect on their next call, so a legitimate client only pays a
@@ -123,8 +128,12 @@ class Server {
   int64_t in_flight_calls() const;
   // Client connections currently served (not counting ones turned away at the limit).
   int64_t connections() const;
-  // How many times a connection went over max_buffered_bytes_per_connection and was paused.
+  // How many times a connection went over max_buffered_bytes_per_connection (or its share of
+  // max_buffered_bytes) and was paused.
   int64_t throttle_events() const;
+  // What the connections hold together (requests of running calls, replies not yet taken), as
+  // counted against max_buffered_bytes: to within 32 KiB per connection.
+  int64_t buffered_bytes() const;
 
  private:
   std::shared_ptr<internal::ServerCore> core_;

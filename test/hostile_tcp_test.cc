@@ -291,6 +291,66 @@ TEST_CASE("clients that send and never read cannot grow the server past its budg
   }
 }
 
+// Each connection is bounded (the case above), but many of them used to add up: ten clients that
+// never read their replies made the server hold about 10 x 16 MiB. The server-wide bound
+// (ServerOptions::max_buffered_bytes) stops reading the connections over their share.
+TEST_CASE("many clients that never read cannot add up past the server-wide budget",
+          "[hostile][tcp][memory]") {
+  const uint32_t say = MethodId("/demo.Echo/Say");
+  constexpr int kClients = 10;
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0",
+                                    "--max-buffered-bytes-total", std::to_string(32 << 20)});
+  const uint16_t port = PortOf(uri);
+  RssWatch rss(server->pid());
+  std::vector<int> fds;
+  std::vector<std::thread> flooders;
+  std::atomic<size_t> sent{0};
+  for (int c = 0; c < kClients; ++c) {
+    fds.push_back(RawClient(port));
+    flooders.emplace_back([&, fd = fds.back()] {
+      uint64_t i = 0;
+      sent += Flood(fd, 3000ms, [&] { return SayRequest(++i, say, 1 << 20); });
+    });
+  }
+  std::this_thread::sleep_for(1500ms);
+  CHECK(Served(uri));  // in the middle of the attack
+  for (auto& t : flooders) t.join();
+  rss.Report("10 clients, 1 MiB echo requests, replies never read, 32 MiB server-wide");
+  std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
+  // 64 MiB plus the server-wide 32 MiB (each connection stops at its share, 3.2 MiB, plus the
+  // message it was reading and the one it was answering), not 64 + 10 x 16.
+  CHECK(rss.peak() < kAllowedMiB);
+  for (int fd : fds) close(fd);
+}
+
+TEST_CASE("what connections hold is counted server-wide, and given back when they go",
+          "[hostile][tcp][memory]") {
+  TestServer ts("tcp://127.0.0.1:0");
+  const uint32_t echo = MethodId("/rdmarpc.testing.TestService/Echo");
+  REQUIRE(ts.server.buffered_bytes() == 0);
+  const auto request = [echo](uint64_t id) {
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.method_id = echo;
+    h.call_id = id;
+    EchoRequest req;
+    req.set_payload(std::string(1 << 20, 'e'));
+    return FrameBytes(h, req.SerializeAsString());
+  };
+  std::vector<int> fds;
+  for (int c = 0; c < 3; ++c) {
+    fds.push_back(RawClient(PortOf(ts.uri)));
+    // 1 MiB echo requests whose replies are never read: held until this client reads.
+    uint64_t i = 0;
+    Flood(fds.back(), 300ms, [&] { return request(++i); });
+  }
+  // rdmarpc_server_buffered_bytes: at least a reply per client, at most each one's budget.
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() > 3 << 20; }, 5000ms));
+  CHECK(ts.server.buffered_bytes() <= 3 * (int64_t{16} << 20) + (3 << 20));
+  for (int fd : fds) close(fd);
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 5000ms));
+}
+
 TEST_CASE("a client that never reads its replies holds a shutdown up for a bounded time",
           "[hostile][tcp][shutdown]") {
   // Shutdown lets each connection's queued replies leave before closing it, so that calls that

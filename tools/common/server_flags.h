@@ -29,8 +29,8 @@ namespace rdmarpc::cmdline {
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
   for (const char* name :
        {"max-connections", "max-connections-per-peer", "max-handshakes", "max-concurrent-calls",
-        "max-buffered-bytes", "idle-timeout-ms", "keepalive-ms", "keepalive-timeout-ms",
-        "shutdown-grace-ms", "metrics-listen"}) {
+        "max-buffered-bytes", "max-buffered-bytes-total", "idle-timeout-ms", "keepalive-ms",
+        "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
     known[name] = true;
   }
   known["access-log"] = false;
@@ -50,6 +50,8 @@ inline constexpr char kServerFlagsUsage[] =
     "  --max-concurrent-calls N  calls one connection runs at once; clients queue beyond (1024)\n"
     "  --max-buffered-bytes N    requests held plus replies a client has not read; over it the\n"
     "                            server stops reading from that client (16777216)\n"
+    "  --max-buffered-bytes-total N  the same for all clients together; over it, clients\n"
+    "                            holding more than their share are not read (1073741824)\n"
     "  --idle-timeout-ms N       close a connection without calls for this long; clients\n"
     "                            reconnect when needed (300000; 0 = never)\n"
     "  --keepalive-ms N          ping a client silent this long (0 = off) ...\n"
@@ -78,6 +80,8 @@ inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o)
       flags.get_int("max-concurrent-calls", o.max_concurrent_calls_per_connection, 0, 10000000));
   o.max_buffered_bytes_per_connection = static_cast<size_t>(flags.get_int(
       "max-buffered-bytes", static_cast<long>(o.max_buffered_bytes_per_connection), 0, 1L << 40));
+  o.max_buffered_bytes = static_cast<size_t>(flags.get_int(
+      "max-buffered-bytes-total", static_cast<long>(o.max_buffered_bytes), 0, 1L << 44));
   o.idle_timeout = std::chrono::milliseconds(
       flags.get_int("idle-timeout-ms", o.idle_timeout.count(), 0, 86400000L * 365));
   o.keepalive_interval = std::chrono::milliseconds(
