@@ -57,7 +57,9 @@ struct ServerOptions {
   // The same for all clients together, so that many connections (each within the bound above)
   // cannot add up to more: while the server holds more than this, a connection holding more
   // than its share (this / connections served) is not read until it is back under half its
-  // share or the server under this. Tracked per connection to within 32 KiB. 0 = no bound.
+  // share or the server under this (looked at again whenever its client takes replies or its
+  // calls finish: a client that takes nothing stays paused). Tracked per connection to within
+  // 32 KiB. 0 = no bound.
   size_t max_buffered_bytes = size_t{1} << 30;
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
