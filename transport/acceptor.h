@@ -94,8 +94,6 @@ class AcceptorCore {
     AcceptorCore& core_;
     std::shared_ptr<SetUp> u_;
   };
-  // Connections in set-up now; for tests and logs. Any thread.
-  int set_ups_now() const { return set_ups_now_.load(); }
 
  private:
   // Counted up on the listener's thread (BeginSetUp), down on the set-up's (SetUpEnd).
