@@ -249,6 +249,32 @@ std::string GoAwayBeforeClose(int fd, std::chrono::milliseconds within) {
   return goaway;
 }
 
+// The memory attacks' common course: `clients` raw connections to the server at `uri` (process
+// `pid`) each write unit(1), unit(2), ... for 3 s and read nothing, while a well-behaved client
+// is served in the middle of it. Prints the figures under `name`; returns the server's peak
+// resident memory in MiB.
+double FloodNeverReading(pid_t pid, const std::string& uri, int clients, const std::string& name,
+                         const std::function<std::string(uint64_t)>& unit) {
+  RssWatch rss(pid);
+  std::vector<int> fds;
+  std::vector<std::thread> flooders;
+  std::atomic<size_t> sent{0};
+  for (int c = 0; c < clients; ++c) {
+    fds.push_back(RawClient(PortOf(uri)));
+    flooders.emplace_back([&, fd = fds.back()] {
+      uint64_t i = 0;
+      sent += Flood(fd, 3000ms, [&] { return unit(++i); });
+    });
+  }
+  std::this_thread::sleep_for(1500ms);
+  CHECK(Served(uri));  // in the middle of the attack
+  for (auto& t : flooders) t.join();
+  rss.Report(name);
+  std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
+  for (int fd : fds) close(fd);
+  return rss.peak();
+}
+
 }  // namespace
 
 TEST_CASE("clients that send and never read cannot grow the server past its budget",
@@ -269,25 +295,7 @@ TEST_CASE("clients that send and never read cannot grow the server past its budg
     INFO(a.name);
     // A fresh server each time, so that each figure is this attack's alone.
     auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
-    const uint16_t port = PortOf(uri);
-    RssWatch rss(server->pid());
-    std::vector<int> fds;
-    std::vector<std::thread> flooders;
-    std::atomic<size_t> sent{0};
-    for (int c = 0; c < 2; ++c) {
-      fds.push_back(RawClient(port));
-      flooders.emplace_back([&, fd = fds.back()] {
-        uint64_t i = 0;
-        sent += Flood(fd, 3000ms, [&] { return a.unit(++i); });
-      });
-    }
-    std::this_thread::sleep_for(1500ms);
-    CHECK(Served(uri));  // in the middle of the attack
-    for (auto& t : flooders) t.join();
-    rss.Report(a.name);
-    std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
-    CHECK(rss.peak() < kAllowedMiB);
-    for (int fd : fds) close(fd);
+    CHECK(FloodNeverReading(server->pid(), uri, 2, a.name, a.unit) < kAllowedMiB);
   }
 }
 
@@ -300,27 +308,13 @@ TEST_CASE("many clients that never read cannot add up past the server-wide budge
   constexpr int kClients = 10;
   auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0",
                                     "--max-buffered-bytes-total", std::to_string(32 << 20)});
-  const uint16_t port = PortOf(uri);
-  RssWatch rss(server->pid());
-  std::vector<int> fds;
-  std::vector<std::thread> flooders;
-  std::atomic<size_t> sent{0};
-  for (int c = 0; c < kClients; ++c) {
-    fds.push_back(RawClient(port));
-    flooders.emplace_back([&, fd = fds.back()] {
-      uint64_t i = 0;
-      sent += Flood(fd, 3000ms, [&] { return SayRequest(++i, say, 1 << 20); });
-    });
-  }
-  std::this_thread::sleep_for(1500ms);
-  CHECK(Served(uri));  // in the middle of the attack
-  for (auto& t : flooders) t.join();
-  rss.Report("10 clients, 1 MiB echo requests, replies never read, 32 MiB server-wide");
-  std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
+  const double peak =
+      FloodNeverReading(server->pid(), uri, kClients,
+                        "10 clients, 1 MiB echo requests, replies never read, 32 MiB server-wide",
+                        [say](uint64_t i) { return SayRequest(i, say, 1 << 20); });
   // 64 MiB plus the server-wide 32 MiB (each connection stops at its share, 3.2 MiB, plus the
   // message it was reading and the one it was answering), not 64 + 10 x 16.
-  CHECK(rss.peak() < kAllowedMiB);
-  for (int fd : fds) close(fd);
+  CHECK(peak < kAllowedMiB);
 }
 
 TEST_CASE("what connections hold is counted server-wide, and given back when they go",
@@ -850,32 +844,17 @@ TEST_CASE(
     "[hostile][tcp][stream][memory]") {
   auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
   const uint32_t chat = MethodId("/demo.Echo/Chat");
-  RssWatch rss(server->pid());
-  std::vector<int> fds;
-  std::vector<std::thread> flooders;
-  std::atomic<size_t> sent{0};
-  for (int c = 0; c < 2; ++c) {
-    fds.push_back(RawClient(PortOf(uri)));
-    flooders.emplace_back([&, fd = fds.back()] {
-      // A new Chat every 3 messages of 64 KiB (within each stream's window), echoes never read:
-      // the server's writers wait for window, and the connection's budget stops its reading.
-      uint64_t i = 0;
-      demo::SayRequest req;
-      req.set_payload(std::string(64 << 10, 'c'));
-      const std::string message = req.SerializeAsString();
-      sent += Flood(fd, 3000ms, [&] {
+  // A new Chat every 3 messages of 64 KiB (within each stream's window), echoes never read: the
+  // server's writers wait for window, and the connection's budget stops its reading.
+  demo::SayRequest req;
+  req.set_payload(std::string(64 << 10, 'c'));
+  const std::string message = req.SerializeAsString();
+  const double peak = FloodNeverReading(
+      server->pid(), uri, 2, "bidirectional streams fed, echoes never read", [&](uint64_t n) {
+        const uint64_t i = n - 1;  // messages sent before this one
         const uint64_t call = 1 + i / 3;
         std::string unit = i % 3 == 0 ? OpenStream(call, chat, 3) : std::string();
-        ++i;
         return unit + StreamMessage(call, message);
       });
-    });
-  }
-  std::this_thread::sleep_for(1500ms);
-  CHECK(Served(uri));  // in the middle of the attack
-  for (auto& t : flooders) t.join();
-  rss.Report("bidirectional streams fed, echoes never read");
-  std::printf("  the attackers wrote %.1f MiB\n", sent.load() / 1048576.0);
-  CHECK(rss.peak() < kAllowedMiB);
-  for (int fd : fds) close(fd);
+  CHECK(peak < kAllowedMiB);
 }
