@@ -1,7 +1,6 @@
 #include "rpc/metrics.h"
 
 #include <algorithm>
-#include <bitset>
 #include <cinttypes>
 #include <cstdio>
 
@@ -10,235 +9,17 @@
 #include "transport/stats.h"
 
 namespace rdmarpc {
-namespace internal {
 namespace {
 
-// Which shard slots are taken. Leaked on purpose: threads may exit (and give their slot back)
-// during static destruction.
-struct ShardSlots {
-  std::mutex mu;
-  std::bitset<kShards> taken;
-};
-ShardSlots& shard_slots() {
-  static auto* s = new ShardSlots;
-  return *s;
-}
-
-constexpr size_t kNoSlot = kShards + 1;
-// The thread's slot: kNoSlot until it first records; kShards (shared) when none was free or
-// after the thread gave its slot back on exit. Trivial, so reading it is a plain TLS load.
-thread_local size_t t_slot = kNoSlot;
-
-// Gives the thread's slot back when the thread exits. The mutex orders the last writes of this
-// thread before the first of the slot's next owner.
-struct SlotRelease {
-  size_t slot = kShards;
-  ~SlotRelease() {
-    if (slot < kShards) {
-      ShardSlots& s = shard_slots();
-      std::lock_guard lock(s.mu);
-      s.taken.reset(slot);
-    }
-    t_slot = kShards;  // anything recorded later on this thread goes to the shared slot
-  }
-};
-thread_local SlotRelease t_release;
-
-size_t ClaimSlot() {
-  ShardSlots& s = shard_slots();
-  size_t slot = kShards;
-  {
-    std::lock_guard lock(s.mu);
-    for (size_t i = 0; i < kShards; ++i) {
-      if (!s.taken[i]) {
-        s.taken.set(i);
-        slot = i;
-        break;
-      }
-    }
-  }
-  t_release.slot = slot;  // first use constructs it, which arranges its destructor
-  t_slot = slot;
-  return slot;
-}
-
-inline size_t ThisThreadSlot() {
-  const size_t slot = t_slot;
-  return slot != kNoSlot ? slot : ClaimSlot();
-}
-
-// Adds `n` to `c`: a plain load and store for the slot's one writer, fetch_add in the shared one.
-inline void Add(std::atomic<uint64_t>& c, uint64_t n, bool shared) {
-  if (shared) {
-    c.fetch_add(n, std::memory_order_relaxed);
-  } else {
-    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
-}
-
-}  // namespace
-
-MethodStats::~MethodStats() {
-  for (auto& s : shards_) delete s.load(std::memory_order_relaxed);
-}
-
-MethodStats::Shard& MethodStats::MakeShard(size_t slot) {
-  Shard* s = nullptr;
-  auto* made = new Shard;
-  // Only the shared slot can race here; an owned slot has one writer.
-  if (shards_[slot].compare_exchange_strong(s, made, std::memory_order_acq_rel)) return *made;
-  delete made;
-  return *s;
-}
-
-namespace {
-// One finished call into shard `s`; kShared: the shared slot (atomic increments).
-template <bool kShared>
-void Record(MethodStats::Shard& s, size_t code, size_t bucket, uint64_t ns, uint64_t bytes_in,
-            uint64_t bytes_out) {
-  Add(s.handled[code], 1, kShared);
-  Add(s.latency_buckets[bucket], 1, kShared);
-  Add(s.latency_nanos, ns, kShared);
-  if (bytes_in) Add(s.bytes_received, bytes_in, kShared);
-  if (bytes_out) Add(s.bytes_sent, bytes_out, kShared);
-}
-}  // namespace
-
-// Started and Finished take the common case -- the thread owns a slot and its shard exists --
-// without a call, and hand anything else to a tail call: with the claim and the shard's
-// creation called from their bodies, each saved and restored five registers on every call.
-inline MethodStats::Shard* MethodStats::OwnedShard() {
-  const size_t slot = t_slot;
-  return slot < kShards ? shards_[slot].load(std::memory_order_acquire) : nullptr;
-}
-
-void MethodStats::Started() {
-  Shard* s = OwnedShard();
-  if (!s) [[unlikely]]
-    return StartedSlow();
-  Add(s->started, 1, false);
-}
-
-void MethodStats::StartedSlow() {
-  const size_t slot = ThisThreadSlot();
-  Add(ShardAt(slot).started, 1, slot == kShards);
-}
-
-namespace {
-size_t CodeIndex(StatusCode code) {
-  const auto c = static_cast<size_t>(code);
-  return c < MethodStats::kCodes ? c : static_cast<size_t>(StatusCode::kUnknown);
-}
-}  // namespace
-
-void MethodStats::Finished(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
-                           uint64_t bytes_out) {
-  Shard* s = OwnedShard();
-  if (!s) [[unlikely]]
-    return FinishedSlow(code, elapsed, bytes_in, bytes_out);
-  const int64_t ns = std::max<int64_t>(elapsed.count(), 0);
-  Record<false>(*s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in, bytes_out);
-}
-
-void MethodStats::FinishedSlow(StatusCode code, std::chrono::nanoseconds elapsed, uint64_t bytes_in,
-                               uint64_t bytes_out) {
-  const size_t slot = ThisThreadSlot();
-  Shard& s = ShardAt(slot);
-  const int64_t ns = std::max<int64_t>(elapsed.count(), 0);
-  if (slot != kShards) {
-    Record<false>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in, bytes_out);
-  } else {
-    Record<true>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in, bytes_out);
-  }
-}
-
-MethodStats::Totals MethodStats::Sum() const {
-  Totals t;
-  constexpr auto relaxed = std::memory_order_relaxed;
-  for (const auto& slot : shards_) {
-    const Shard* s = slot.load(std::memory_order_acquire);
-    if (!s) continue;
-    for (size_t c = 0; c < kCodes; ++c) t.handled[c] += s->handled[c].load(relaxed);
-    for (size_t b = 0; b < kBucketCount; ++b)
-      t.latency_buckets[b] += s->latency_buckets[b].load(relaxed);
-    t.latency_nanos += s->latency_nanos.load(relaxed);
-    t.bytes_received += s->bytes_received.load(relaxed);
-    t.bytes_sent += s->bytes_sent.load(relaxed);
-  }
-  for (const auto& slot : shards_) {  // after every handled count (see the header)
-    if (const Shard* s = slot.load(std::memory_order_acquire))
-      t.started += s->started.load(relaxed);
-  }
-  return t;
-}
-
-MethodTable::~MethodTable() {
-  for (auto& head : heads_) {
-    for (MethodStats* m = head.load(std::memory_order_relaxed); m;) {
-      MethodStats* next = m->next;
-      delete m;
-      m = next;
-    }
-  }
-}
-
-namespace {
-size_t HashName(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return static_cast<size_t>(h);
-}
-}  // namespace
-
-MethodStats& MethodTable::Find(std::string_view method) {
-  std::atomic<MethodStats*>& head = heads_[HashName(method) % kBuckets];
-  for (MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
-    if (m->name == method) return *m;
-  }
-  std::lock_guard lock(mu_);
-  // Again under the lock: another thread may have added it meanwhile.
-  for (MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
-    if (m->name == method) return *m;
-  }
-  auto* m = new MethodStats(method);
-  m->next = head.load(std::memory_order_relaxed);
-  head.store(m, std::memory_order_release);  // readers see a complete node
-  return *m;
-}
-
-std::vector<const MethodStats*> MethodTable::All() const {
-  std::vector<const MethodStats*> out;
-  for (const auto& head : heads_) {
-    for (const MethodStats* m = head.load(std::memory_order_acquire); m; m = m->next) {
-      out.push_back(m);
-    }
-  }
-  std::sort(out.begin(), out.end(),
-            [](const MethodStats* a, const MethodStats* b) { return a->name < b->name; });
-  return out;
-}
-
-}  // namespace internal
-
-namespace {
-
-// One method's series, found once (ForMethod) rather than by name on every call.
-class ServerMethodMetrics final : public ServerInterceptor {
+// One method's series, found once (ForMethod) rather than by name on every call. The runtime
+// records into its stats() itself where it comes first (internal::ServerStatsRecorder).
+class ServerMethodMetrics final : public internal::ServerStatsRecorder {
  public:
   ServerMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
-      : metrics_(std::move(metrics)), stats_(stats) {}
-  Status OnStart(ServerContext&) override {
-    stats_.Started();
-    return Status();
-  }
-  void OnFinish(const ServerContext& context, const Status& status,
-                std::chrono::nanoseconds elapsed) override {
-    stats_.Finished(status.code(), elapsed, context.bytes_received(), context.bytes_sent());
-  }
+      : ServerStatsRecorder(stats), metrics_(std::move(metrics)) {}
 
  private:
-  std::shared_ptr<Metrics> metrics_;  // keeps stats_ alive
-  internal::MethodStats& stats_;
+  std::shared_ptr<Metrics> metrics_;  // keeps stats() alive
 };
 
 class ServerMetricsInterceptor final : public ServerInterceptor {
@@ -256,22 +37,13 @@ class ServerMetricsInterceptor final : public ServerInterceptor {
   std::shared_ptr<Metrics> metrics_;
 };
 
-class ClientMethodMetrics final : public ClientInterceptor {
+class ClientMethodMetrics final : public internal::ClientStatsRecorder {
  public:
   ClientMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
-      : metrics_(std::move(metrics)), stats_(stats) {}
-  Status OnStart(const MethodInfo&, CallOptions&) override {
-    stats_.Started();
-    return Status();
-  }
-  void OnFinish(const MethodInfo&, const Status& status,
-                std::chrono::nanoseconds elapsed) override {
-    stats_.Finished(status.code(), elapsed, 0, 0);
-  }
+      : ClientStatsRecorder(stats), metrics_(std::move(metrics)) {}
 
  private:
-  std::shared_ptr<Metrics> metrics_;  // keeps stats_ alive
-  internal::MethodStats& stats_;
+  std::shared_ptr<Metrics> metrics_;  // keeps stats() alive
 };
 
 class ClientMetricsInterceptor final : public ClientInterceptor {

@@ -159,6 +159,11 @@ struct ServerCore {
     Service* service;
     const MethodEntry* entry;
     ServerInterceptors interceptors;
+    // A metrics recorder bound first in options.interceptors, recorded into directly instead of
+    // through `interceptors` (internal::ServerStatsRecorder); null: none. `recorder` owns it.
+    internal::MethodStats* stats = nullptr;
+    std::shared_ptr<ServerInterceptor> recorder;
+    bool observed = false;  // someone hears of the calls: `stats` or `interceptors`
   };
   std::unordered_map<uint32_t, HostedMethod> methods;
   std::vector<const Service*> services;  // in AddService order; also fixed after Start
@@ -772,8 +777,10 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                                   MethodKindName(called_as)));
       return;
     }
-    // One clock read serves the deadline and the interceptors' timing.
-    const auto now = ServerContext::Clock::now();
+    // One clock read serves the deadline and the interceptors' timing, and none is made for a
+    // call with neither.
+    ServerContext::Clock::time_point now{};
+    if (f.header.timeout_us != 0 || hosted.observed) now = ServerContext::Clock::now();
     const auto deadline = DeadlineFromBudget(f.header.timeout_us, now);
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
     ++calls_;
@@ -783,25 +790,44 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     ServerCall call(shared_from_this(), f.header.call_id, bytes, peer_, entry->info.full_name,
                     deadline, std::move(md));
     ContextAccess::CountReceived(call.context(), f.payload.size());
-    if (const ServerInterceptors& interceptors = hosted.interceptors; !interceptors.empty()) {
-      for (size_t i = 0; i < interceptors.size(); ++i) {
-        if (Status s = interceptors[i]->OnStart(call.context()); !s.ok()) [[unlikely]] {
-          return RejectedByInterceptor(interceptors, i, call, std::move(s), now);
-        }
+    if (hosted.observed) [[unlikely]] {
+      if (hosted.stats) hosted.stats->Started();
+      if (!hosted.interceptors.empty()) {
+        if (!StartInterceptors(hosted, call, now)) return;
+      } else {
+        call.Observe(nullptr, hosted.stats, now);
       }
-      call.SetInterceptors(&interceptors, now);
     }
     entry->handler->Start(*hosted.service, std::move(call), f.payload);
+  }
+
+  // The interceptors' OnStart, in order. False when one of them rejected the call (then it has
+  // ended). Out of line: a server without them pays one test per call.
+  [[gnu::noinline]] static bool StartInterceptors(const ServerCore::HostedMethod& hosted,
+                                                  ServerCall& call,
+                                                  ServerContext::Clock::time_point now) {
+    const ServerInterceptors& interceptors = hosted.interceptors;
+    for (size_t i = 0; i < interceptors.size(); ++i) {
+      if (Status s = interceptors[i]->OnStart(call.context()); !s.ok()) [[unlikely]] {
+        RejectedByInterceptor(interceptors, i, hosted.stats, call, std::move(s), now);
+        return false;
+      }
+    }
+    call.Observe(&interceptors, hosted.stats, now);
+    return true;
   }
 
   // Interceptor `rejecter` turned the call away with `s`: those before it, which let it
   // through, hear how it ended; the handler never runs, and the call ends with the
   // interceptor's Status (as the handler's error would). Out of line: the rare path.
+  // A metrics recorder the runtime runs itself (`stats`, first in the list) hears it last, as
+  // call.Finish ends the call.
   [[gnu::noinline, gnu::cold]] static void RejectedByInterceptor(
-      const ServerInterceptors& interceptors, size_t rejecter, ServerCall& call, Status s,
-      ServerContext::Clock::time_point started) {
+      const ServerInterceptors& interceptors, size_t rejecter, MethodStats* stats, ServerCall& call,
+      Status s, ServerContext::Clock::time_point started) {
     const auto elapsed = ServerContext::Clock::now() - started;
     while (rejecter-- > 0) interceptors[rejecter]->OnFinish(call.context(), s, elapsed);
+    if (stats) call.Observe(nullptr, stats, started);
     call.Finish(s, nullptr);
   }
 
@@ -967,6 +993,14 @@ Status Server::AddService(Service& service) {
       auto bound = i->ForMethod(m.info);
       hosted.interceptors.push_back(bound ? std::move(bound) : i);
     }
+    if (!hosted.interceptors.empty()) {
+      if (auto* r = dynamic_cast<internal::ServerStatsRecorder*>(hosted.interceptors[0].get())) {
+        hosted.stats = &r->stats();
+        hosted.recorder = std::move(hosted.interceptors[0]);
+        hosted.interceptors.erase(hosted.interceptors.begin());
+      }
+    }
+    hosted.observed = hosted.stats || !hosted.interceptors.empty();
     core_->methods.emplace(m.info.id, std::move(hosted));
   }
   core_->services.push_back(&service);

@@ -1283,6 +1283,90 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   }
 }
 
+namespace {
+// Sleeps `ms` in OnStart for calls that carry the metadata "slow-start".
+class SlowStartInterceptor final : public ServerInterceptor {
+ public:
+  Status OnStart(ServerContext& ctx) override {
+    if (ctx.FindMetadata("slow-start")) std::this_thread::sleep_for(200ms);
+    return Status();
+  }
+};
+}  // namespace
+
+// The server and the channel record a metrics interceptor that comes first in their lists
+// themselves (without its virtual calls); anywhere else it runs as any interceptor. Either way it
+// must see what an interceptor in that place sees: first, it hears the calls those after it
+// reject; after them, it does not.
+TEST_CASE("metrics first in the interceptor list see and time what the others do",
+          "[metrics][interceptors]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  const bool first = GENERATE(true, false);
+  INFO("over " << listen << (first ? ", metrics first" : ", metrics last"));
+  auto metrics = std::make_shared<Metrics>();
+  Journal j;
+  ServerInterceptors server_list{std::make_shared<SlowStartInterceptor>(),
+                                 std::make_shared<RecordingServerInterceptor>("B", j)};
+  server_list.insert(first ? server_list.begin() : server_list.end(),
+                     metrics->server_interceptor());
+  TestServer ts(listen, ServerOptions{.io_threads = 1, .interceptors = server_list});
+  ChannelOptions o;
+  o.interceptors = {std::make_shared<RecordingClientInterceptor>("A", j)};
+  o.interceptors.insert(first ? o.interceptors.begin() : o.interceptors.end(),
+                        metrics->client_interceptor());
+  auto ch = Channel::ConnectBlocking(ts.uri, o);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const auto m = [](const char* method) {
+    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
+  };
+
+  REQUIRE(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+  // Rejected by the server's B, after its OnStart.
+  CallOptions deny{.timeout = 10s};
+  deny.metadata.emplace_back("deny-at", "B");
+  CHECK(stub.Echo(EchoRequest(), deny).status().code() == StatusCode::kPermissionDenied);
+  // Refused by the client's A (it refuses Fail) before anything is sent.
+  CHECK(stub.Fail(FailRequest(), {.timeout = 10s}).status().code() ==
+        StatusCode::kFailedPrecondition);
+  // The caller gives up: the server ends the call as cancelled.
+  SleepRequest sleep;
+  sleep.set_ms(5000);
+  CHECK(stub.Sleep(sleep, {.timeout = 100ms}).status().code() == StatusCode::kDeadlineExceeded);
+  // The server's interceptor before the handler takes 200 ms.
+  CallOptions slow{.timeout = 10s};
+  slow.metadata.emplace_back("slow-start", "1");
+  REQUIRE(stub.Echo(EchoRequest(), slow).ok());
+
+  CHECK(Eventually(
+      [&] {
+        const std::string text = metrics->Render();
+        return SampleValue(text, "rdmarpc_server_handled_total" + m("Echo") + ",code=\"OK\"}") ==
+                   2 &&
+               SampleValue(
+                   text, "rdmarpc_server_handled_total" + m("Sleep") + ",code=\"CANCELLED\"}") == 1;
+      },
+      5000ms));
+  const std::string text = metrics->Render();
+  INFO(text);
+  const double one_if_first = first ? 1 : -1;  // -1: no such series
+  CHECK(SampleValue(text, "rdmarpc_server_started_total" + m("Echo") + "}") == (first ? 3 : 2));
+  CHECK(SampleValue(text, "rdmarpc_server_handled_total" + m("Echo") +
+                              ",code=\"PERMISSION_DENIED\"}") == one_if_first);
+  CHECK(SampleValue(text, "rdmarpc_server_in_flight" + m("Echo") + "}") == 0);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Echo") +
+                              ",code=\"PERMISSION_DENIED\"}") == 1);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Fail") +
+                              ",code=\"FAILED_PRECONDITION\"}") == one_if_first);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Sleep") +
+                              ",code=\"DEADLINE_EXCEEDED\"}") == 1);
+  CHECK(SampleValue(text, "rdmarpc_client_in_flight" + m("Sleep") + "}") == 0);
+  // Every interceptor's time runs from before the first one's OnStart (rpc/interceptor.h),
+  // wherever it is in the list: the 200 ms the slow one took are in the recorder's time both
+  // ways.
+  CHECK(SampleValue(text, "rdmarpc_server_handling_seconds_sum" + m("Echo") + "}") >= 0.2);
+}
+
 TEST_CASE("a latency falls in the first histogram bucket whose bound is at least it", "[metrics]") {
   auto metrics = std::make_shared<Metrics>();
   auto& m = metrics->server_methods().Get("/x.Y/Z");

@@ -21,6 +21,7 @@
 
 #include "rpc/context.h"
 #include "rpc/interceptor.h"
+#include "rpc/internal/call_stats.h"
 #include "rpc/internal/frame.h"  // kStreamWindowBytes
 #include "rpc/internal/parse.h"
 #include "rpc/internal/stream_queue.h"
@@ -206,12 +207,16 @@ class ServerCall {
     TrackCancellation(signal);
   }
 
-  // Server interceptors to tell when the call ends (OnFinish, in reverse order), and when they
-  // let it start. Set by the server only when it has interceptors; the list outlives the call.
-  void SetInterceptors(const ServerInterceptors* interceptors,
-                       std::chrono::steady_clock::time_point started) {
+  // Who hears how the call ends, set by the server only when someone does: its interceptors
+  // (OnFinish, in reverse order; null: none), then a metrics recorder the runtime runs itself
+  // (internal::ServerStatsRecorder; null: none), with the time since `started`. Both outlive
+  // the call.
+  void Observe(const ServerInterceptors* interceptors, MethodStats* stats,
+               std::chrono::steady_clock::time_point started) {
     interceptors_ = interceptors;
+    stats_ = stats;
     started_ = started;
+    observed_ = true;
   }
 
   // Ends the call with `status` (and `reply`, sent when the status is OK). Once; later calls do
@@ -219,8 +224,14 @@ class ServerCall {
   bool Finish(const Status& status, const google::protobuf::MessageLite* reply) {
     auto sink = std::move(sink_);
     if (!sink) return false;
-    if (interceptors_) FinishInterceptors(status, reply);
-    if (tracked_) sink->Untrack(&hook_);
+    if (observed_) [[unlikely]]
+      return FinishObserved(*sink, status, reply);
+    return End(*sink, status, reply);
+  }
+
+ private:
+  bool End(CallSink& sink, const Status& status, const google::protobuf::MessageLite* reply) {
+    if (tracked_) sink.Untrack(&hook_);
     tracked_ = false;
     // Messages the handler left unread stop counting against the connection with the call.
     size_t held = request_bytes_;
@@ -230,22 +241,36 @@ class ServerCall {
       hook_.inbox->messages.Clear();
     }
     // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.
-    return sink->FinishCall(call_id_, held, status, reply, !context_.cancelled());
+    return sink.FinishCall(call_id_, held, status, reply, !context_.cancelled());
   }
 
- private:
-  // The destructor's rare path and Finish's interceptor block, out of line: inlined, they made
-  // every call's destructor and Finish save more registers and build a frame (~40 instructions
-  // per call without interceptors; a call with them pays one function call more).
+  // The destructor's rare path and Finish's observers, out of line: inlined, they made every
+  // call's destructor and Finish save more registers and build a frame (~40 instructions per
+  // call without interceptors; a call with them pays one function call more).
   [[gnu::noinline]] void Drop() {
     Finish(Status(StatusCode::kUnavailable, "call dropped by server"), nullptr);
   }
-  [[gnu::noinline]] void FinishInterceptors(const Status& status,
-                                            const google::protobuf::MessageLite* reply) {
-    if (context_.cancelled()) [[unlikely]]
-      return FinishInterceptorsCancelled();
-    if (reply && status.ok()) ContextAccess::CountSent(context_, reply->ByteSizeLong());
-    TellInterceptors(status);
+  [[gnu::noinline]] bool FinishObserved(CallSink& sink, const Status& status,
+                                        const google::protobuf::MessageLite* reply) {
+    const bool cancelled = context_.cancelled();
+    if (interceptors_) {
+      if (cancelled) [[unlikely]] {
+        FinishInterceptorsCancelled();
+      } else {
+        if (reply && status.ok()) ContextAccess::CountSent(context_, reply->ByteSizeLong());
+        TellInterceptors(status);
+      }
+    }
+    const bool sized = End(sink, status, reply);
+    if (stats_) {
+      // The reply's size from its serialization, unless the interceptors counted it already.
+      uint64_t sent = context_.bytes_sent();
+      if (sized && !interceptors_) sent += static_cast<uint64_t>(reply->GetCachedSize());
+      stats_->Finished(cancelled ? StatusCode::kCancelled : status.code(),
+                       std::chrono::steady_clock::now() - started_, context_.bytes_received(),
+                       sent);
+    }
+    return sized;
   }
   // The caller cancelled: the interceptors see CANCELLED whatever the handler returned. Apart,
   // so that the common path builds no Status of its own (inline, it kept an optional<Status>
@@ -267,7 +292,9 @@ class ServerCall {
   ServerContext context_;
   CancelHook hook_;
   bool tracked_ = false;
+  bool observed_ = false;  // Observe was called
   const ServerInterceptors* interceptors_ = nullptr;
+  MethodStats* stats_ = nullptr;
   std::chrono::steady_clock::time_point started_;
 };
 
