@@ -23,6 +23,9 @@
 // Threading and cost: interceptors are shared by every I/O thread (server) or used on the
 // channel's thread (client), so their state needs its own synchronization; they run inline on
 // the call path and must not block. With none configured a call pays one empty-list check.
+// rdmarpc::Metrics' interceptors are the one exception to "called like any other": where one
+// comes first in a list, the runtime records into its counters itself at the same points
+// (first to start, last to finish), without the virtual calls (rpc/metrics.h).
 #pragma once
 
 #include <chrono>

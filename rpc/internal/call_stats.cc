@@ -7,7 +7,6 @@ namespace rdmarpc {
 namespace internal {
 namespace {
 
-
 // Which shard slots are taken. Leaked on purpose: threads may exit (and give their slot back)
 // during static destruction.
 struct ShardSlots {
@@ -83,9 +82,11 @@ void MethodStats::FinishedSlow(StatusCode code, std::chrono::nanoseconds elapsed
   Shard& s = ShardAt(slot);
   const int64_t ns = std::max<int64_t>(elapsed.count(), 0);
   if (slot != kShards) {
-    RecordInto<false>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in, bytes_out);
+    RecordInto<false>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in,
+                      bytes_out);
   } else {
-    RecordInto<true>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in, bytes_out);
+    RecordInto<true>(s, CodeIndex(code), Bucket(ns), static_cast<uint64_t>(ns), bytes_in,
+                     bytes_out);
   }
 }
 
