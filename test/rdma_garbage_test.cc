@@ -622,6 +622,66 @@ TEST_CASE(
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
+// The server-wide bound (ServerOptions::max_buffered_bytes) over rdma://: far below the
+// per-connection one (16 MiB), it is what stops each client that takes no replies. Over TCP the
+// same bound is tested in hostile_tcp_test; here the pause it causes is RDMA's (records held,
+// credits withheld), and a peer that writes on past its credit is closed.
+TEST_CASE("clients that take no replies cannot hold more than the server-wide budget",
+          "[rdma][backpressure]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  ServerOptions so{.io_threads = 1};
+  constexpr size_t kBudget = 512 * 1024;
+  so.max_buffered_bytes = kBudget;
+  REQUIRE(so.max_buffered_bytes_per_connection >= 16 * kBudget);
+  TestServer ts(listen, so);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  // One after another: each, alone over the bound, is paused and then closed; what it held is
+  // given back.
+  for (int p = 0; p < 2; ++p) {
+    INFO("peer " << p);
+    RawVerbsPeer peer(ts.uri);  // never grants its ring: the server's PONGs can only queue
+    REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+    const uint32_t slots = peer.remote_slots();
+    const uint32_t bytes = peer.SetPing(1);
+    // What the budget holds in PONGs (32 bytes each, plus 64 of bookkeeping), then one ring.
+    const int expected = int(kBudget / 96) + int(slots);
+    int written = 0;
+    bool closed = false;
+    int64_t held_peak = 0;
+    for (; written < 2 * expected && !closed; ++written) {
+      const uint32_t slot = uint32_t(written) % slots;
+      if (peer.Write(slot * transport::rdma::kRecordAlignBytes, bytes, slot) != IBV_WC_SUCCESS) {
+        break;
+      }
+      closed = ts.server.connections() == 1;
+      if (written % 64 == 0) held_peak = std::max(held_peak, ts.server.buffered_bytes());
+    }
+    std::printf(
+        "rdma PINGs without credit, server-wide budget %zu KiB: peer %d wrote %d records, the "
+        "server held at most %lld KiB\n",
+        kBudget / 1024, p, written, static_cast<long long>(held_peak / 1024));
+    INFO("records written before the server closed the connection: " << written);
+    CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
+    if (kThreadSanitizer) {
+      CHECK(written < 2 * expected);  // see the test above
+    } else {
+      // The budget's worth of PONGs, one ring, and a little slack (as above). Without the
+      // server-wide bound the loop runs to its cap: the connection's own budget is 16 MiB.
+      CHECK(written < expected + 512);
+      // Counted to within 32 KiB per connection, and paused once over.
+      CHECK(held_peak <= int64_t(kBudget) + 2 * 32 * 1024 + 64 * 96);
+    }
+    CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
+  }
+  CHECK(ts.server.throttle_events() > 0);
+  // The closed peers' share is given back (the good client's is under the 32 KiB grain).
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() < 32 * 1024; }, 10000ms));
+}
+
 TEST_CASE(
     "clients that never finish connecting hold at most max_handshakes set-ups, and cannot keep "
     "a real client out",
