@@ -210,17 +210,18 @@ struct ServerCore {
   }
   // For the handshake (transport::Options::full): why a client from `peer` would be turned
   // away, or null.
-  const char* Full(std::string_view peer) {
+  transport::BusyReason Full(std::string_view peer) {
+    using transport::BusyReason;
     const uint32_t max = options.max_connections;
-    if (max > 0 && connections.load() >= int64_t{max}) return "at the server's connection limit";
-    if (options.max_connections_per_peer == 0) return nullptr;
+    if (max > 0 && connections.load() >= int64_t{max}) return BusyReason::kConnectionLimit;
+    if (options.max_connections_per_peer == 0) return BusyReason::kUnstated;
     const std::string host = PeerHost(peer);
     std::lock_guard lock(peers_mu);
     auto it = peers.find(host);
     if (it != peers.end() && it->second >= options.max_connections_per_peer) {
-      return "at the limit of connections from one client address";
+      return BusyReason::kPeerLimit;
     }
-    return nullptr;
+    return BusyReason::kUnstated;
   }
   // The address part of a peer URI ("tcp://10.0.0.1:5000" -> "10.0.0.1"); the whole string when
   // it is not one (inproc:// peers are names).

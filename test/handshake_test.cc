@@ -123,6 +123,7 @@ TEST_CASE("an ANSWER round-trips; unknown codes are errors", "[handshake]") {
     REQUIRE(decoded.ok());
     const Answer back = decoded.value();
     CHECK(back.code == r);
+    if (r == Refusal::kBusy) continue;  // carries which limit instead (see below)
     CHECK(back.challenge == a.challenge);
     CHECK(back.proof == a.proof);
   }
@@ -136,6 +137,44 @@ TEST_CASE("an ANSWER round-trips; unknown codes are errors", "[handshake]") {
   auto old_answer = DecodeAnswer(old, sizeof old);
   REQUIRE(old_answer.ok());
   CHECK(old_answer.value().code == Refusal::kBadVersion);
+}
+
+TEST_CASE("a busy ANSWER says which limit, and one that does not is still busy", "[handshake]") {
+  uint8_t buf[kAnswerBytes];
+  for (BusyReason why :
+       {BusyReason::kUnstated, BusyReason::kConnectionLimit, BusyReason::kPeerLimit}) {
+    Answer a;
+    a.code = Refusal::kBusy;
+    a.busy = why;
+    EncodeAnswer(a, buf);
+    auto decoded = DecodeAnswer(buf, sizeof buf);
+    REQUIRE(decoded.ok());
+    CHECK(decoded.value().code == Refusal::kBusy);
+    CHECK(decoded.value().busy == why);
+  }
+  CHECK_THAT(RefusalText(Refusal::kBusy, BusyReason::kConnectionLimit),
+             Catch::Contains("(max_connections)"));
+  CHECK_THAT(RefusalText(Refusal::kBusy, BusyReason::kPeerLimit),
+             Catch::Contains("one client address (max_connections_per_peer)"));
+  // What a server before the reason sent: zeros where it goes (not said).
+  Answer plain;
+  plain.code = Refusal::kBusy;
+  EncodeAnswer(plain, buf);
+  CHECK(buf[8] == 0);
+  CHECK(DecodeAnswer(buf, sizeof buf).value().busy == BusyReason::kUnstated);
+  // A reason this side does not know: busy, not said.
+  buf[8] = 200;
+  auto unknown = DecodeAnswer(buf, sizeof buf);
+  REQUIRE(unknown.ok());
+  CHECK(unknown.value().code == Refusal::kBusy);
+  CHECK(unknown.value().busy == BusyReason::kUnstated);
+  // Only a busy answer carries one: a challenge's first byte is the challenge's.
+  Answer challenge;
+  challenge.code = Refusal::kChallenge;
+  challenge.challenge[0] = 2;
+  EncodeAnswer(challenge, buf);
+  CHECK(DecodeAnswer(buf, sizeof buf).value().busy == BusyReason::kUnstated);
+  CHECK(DecodeAnswer(buf, sizeof buf).value().challenge[0] == 2);
 }
 
 TEST_CASE("both sides prove the same secret; a wrong or missing one fails", "[handshake]") {

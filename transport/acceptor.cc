@@ -80,11 +80,12 @@ Answer AcceptorCore::Screen(const uint8_t* bytes, size_t len, const Expected<Hel
   // Full only once the client has proved itself: an unauthenticated one learns nothing more.
   // Logged once per 1,000 (`why` empty otherwise): a flood must not flood the log as well.
   if (!options_.full) return answer;
-  if (const char* full = options_.full(peer)) {
+  if (const BusyReason full = options_.full(peer); full != BusyReason::kUnstated) {
     answer.code = Refusal::kBusy;
+    answer.busy = full;
     Count(Stat::kRefusedLimit);
     if (const uint64_t n = refused_full_.fetch_add(1) + 1; n % 1000 == 1) {
-      *why = std::string("busy: ") + full + " (" + std::to_string(n) + " refused so far)";
+      *why = std::string("busy: ") + BusyText(full) + " (" + std::to_string(n) + " refused so far)";
     }
   }
   return answer;

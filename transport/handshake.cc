@@ -136,13 +136,15 @@ Refusal RefusalForBadHello(const void* data, size_t len) {
   return Refusal::kServerError;
 }
 
-// Layout: u32 magic, u16 version, u16 code, 8-byte challenge, 32-byte server proof.
+// Layout: u32 magic, u16 version, u16 code, 8-byte challenge, 32-byte server proof. A busy
+// answer has no challenge: its first byte says which limit (BusyReason; 0 = not said).
 void EncodeAnswer(const Answer& a, uint8_t* out) {
   std::memset(out, 0, kAnswerBytes);
   Put32(out, kHelloMagic);
   Put16(out + 4, kHandshakeVersion);
   Put16(out + 6, static_cast<uint16_t>(a.code));
   std::memcpy(out + 8, a.challenge.data(), 8);
+  if (a.code == Refusal::kBusy) out[8] = static_cast<uint8_t>(a.busy);
   std::memcpy(out + 16, a.proof.data(), 32);
 }
 
@@ -166,12 +168,30 @@ Expected<Answer> DecodeAnswer(const void* data, size_t len) {
     return out;
   }
   if (len < kAnswerBytes) return Error{"handshake answer too short"};
+  if (out.code == Refusal::kBusy) {
+    // A reason this side does not know is still a busy answer.
+    if (p[8] <= static_cast<uint8_t>(BusyReason::kPeerLimit)) out.busy = BusyReason{p[8]};
+    return out;
+  }
   std::memcpy(out.challenge.data(), p + 8, 8);
   std::memcpy(out.proof.data(), p + 16, 32);
   return out;
 }
 
-std::string RefusalText(Refusal r) {
+const char* BusyText(BusyReason busy) {
+  switch (busy) {
+    case BusyReason::kConnectionLimit:
+      return "at the server's connection limit (max_connections)";
+    case BusyReason::kPeerLimit:
+      return "at the server's limit of connections from one client address "
+             "(max_connections_per_peer)";
+    case BusyReason::kUnstated:
+      break;
+  }
+  return "busy";
+}
+
+std::string RefusalText(Refusal r, BusyReason busy) {
   switch (r) {
     case Refusal::kNone:
       return "accepted";
@@ -185,6 +205,8 @@ std::string RefusalText(Refusal r) {
     case Refusal::kChallenge:
       return "the server asked for proof of a shared secret, and we have none";
     case Refusal::kBusy:
+      if (busy != BusyReason::kUnstated)
+        return std::string("the server is busy: ") + BusyText(busy);
       return "the server is busy (at its connection limit, out of descriptors, or flooded with "
              "connections being set up)";
   }

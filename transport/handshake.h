@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 
+#include "transport/busy_reason.h"
 #include "transport/expected.h"
 
 namespace rdmarpc::transport {
@@ -74,6 +75,9 @@ struct Answer {
   Refusal code = Refusal::kNone;
   Nonce challenge{};    // kChallenge
   ServerProof proof{};  // kNone, when the client wants auth and the server has a secret
+  // kBusy: which limit, when the server says (in the first byte of the challenge field, zero
+  // in a busy answer from a server that does not say: no new handshake version needed).
+  BusyReason busy = BusyReason::kUnstated;
 };
 
 // What to answer a HELLO that DecodeHello rejected: kBadVersion when it is an rdmarpc HELLO of
@@ -84,8 +88,11 @@ void EncodeAnswer(const Answer& a, uint8_t* out);  // writes kAnswerBytes
 // The ANSWER in `data`, or what is wrong with it. From a server of another handshake version
 // only a refusal is understood (its other fields are left empty).
 Expected<Answer> DecodeAnswer(const void* data, size_t len);
-// What a refused client reports, e.g. "authentication failed: ...".
-std::string RefusalText(Refusal r);
+// What a refused client reports, e.g. "authentication failed: ..."; for kBusy, with the limit
+// when `busy` names one.
+std::string RefusalText(Refusal r, BusyReason busy = BusyReason::kUnstated);
+// The limit `busy` names, e.g. "at the server's connection limit (max_connections)".
+const char* BusyText(BusyReason busy);
 
 // HMAC-SHA256 (RFC 2104) of `data` under `key`, from libcrypto.
 std::array<uint8_t, 32> HmacSha256(std::string_view key, std::string_view data);

@@ -13,6 +13,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "transport/busy_reason.h"
 #include "transport/expected.h"
 
 namespace rdmarpc::transport {
@@ -66,14 +68,14 @@ struct Options {
   int max_handshakes = 128;
   // Listeners: asked for each new connection once its HELLO has passed, before anything more is
   // set up for it (over RDMA: before its queue pair and ring), with the client's address (a URI,
-  // as Connection::peer() gives it). A reason (for the log) turns it away as busy (the client
-  // hears RESOURCE_EXHAUSTED); null lets it in. The RPC server answers whether it is at
-  // max_connections or, for this client's address, at max_connections_per_peer, so that a
-  // client over a limit costs a refusal, not a connection set up only to be told GOAWAY and
-  // held for a moment (which a flood of connects could repeat without end; the GOAWAY stays for
-  // those that pass here together and find the server full after). Any thread; must be cheap.
-  // Empty: never full.
-  std::function<const char*(std::string_view peer)> full;
+  // as Connection::peer() gives it). A reason turns it away as busy (the client hears
+  // RESOURCE_EXHAUSTED naming that limit, and the server logs it); kUnstated lets it in. The RPC
+  // server answers whether it is at max_connections or, for this client's address, at
+  // max_connections_per_peer, so that a client over a limit costs a refusal, not a connection set
+  // up only to be told GOAWAY and held for a moment (which a flood of connects could repeat without
+  // end; the GOAWAY stays for those that pass here together and find the server full after). Any
+  // thread; must be cheap. Empty: never full.
+  std::function<BusyReason(std::string_view peer)> full;
 
   static constexpr int kDefaultPollSpinUs = 200;
   static int PollSpinFromEnvironment() {

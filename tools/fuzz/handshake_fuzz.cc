@@ -1,7 +1,8 @@
 // Fuzz target: the connection handshake parsers (transport/handshake.h): a HELLO as a server
 // reads it from a TCP peer or from RDMA CM private data, and the ANSWER a client reads. What
-// decodes must re-encode to the same fields; a server with a secret never accepts a HELLO the
-// fuzzer made up (that would take forging an HMAC); a server without one accepts any.
+// decodes must re-encode to the same fields (a busy answer: its code and reason); a server with a
+// secret never accepts a HELLO the fuzzer made up (that would take forging an HMAC); a server
+// without one accepts any.
 #include <cstdlib>
 #include <cstring>
 
@@ -29,11 +30,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (Expected<Answer> decoded = DecodeAnswer(data, size); decoded.ok()) {
     const Answer& answer = decoded.value();
-    (void)RefusalText(answer.code);
+    (void)RefusalText(answer.code, answer.busy);
     if (size >= kAnswerBytes && data[4] == (kHandshakeVersion & 0xff) && data[5] == 0) {
       uint8_t again[kAnswerBytes];
       EncodeAnswer(answer, again);
-      if (std::memcmp(again, data, kAnswerBytes) != 0) std::abort();
+      // A busy answer keeps only its code and its reason (the byte when it is one this side
+      // knows, else "not said"); every other answer all of its fields.
+      size_t kept = kAnswerBytes;
+      if (answer.code == Refusal::kBusy) {
+        kept = 8;
+        if (data[8] <= static_cast<uint8_t>(BusyReason::kPeerLimit)) {
+          if (answer.busy != BusyReason{data[8]}) std::abort();
+          kept = 9;
+        } else if (answer.busy != BusyReason::kUnstated) {
+          std::abort();
+        }
+      }
+      if (std::memcmp(again, data, kept) != 0) std::abort();
     }
   }
   return 0;

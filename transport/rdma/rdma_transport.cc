@@ -402,7 +402,7 @@ asio::awaitable<Attempt> ConnectOnce(const Endpoint& endpoint, sockaddr_storage 
         out.challenge = answer.challenge;
         co_return out;
       }
-      fail("refused by the server: " + RefusalText(answer.code));
+      fail("refused by the server: " + RefusalText(answer.code, answer.busy));
       out.error.busy = answer.code == Refusal::kBusy;
       co_return out;
     }

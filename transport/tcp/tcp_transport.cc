@@ -1068,7 +1068,7 @@ asio::awaitable<Expected<std::shared_ptr<Connection>>> Connect(const Endpoint& e
   }
   if (answer.code != Refusal::kNone) {
     Error e{"connect to " + endpoint.ToUri() +
-            " refused by the server: " + RefusalText(answer.code)};
+            " refused by the server: " + RefusalText(answer.code, answer.busy)};
     e.busy = answer.code == Refusal::kBusy;
     co_return e;
   }
