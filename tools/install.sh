@@ -2,7 +2,8 @@
 # Installs rdmarpc for builds outside Bazel (CMake, Make, ...): builds it, then puts under PREFIX
 #   include/rdmarpc/rpc/*.h, include/rdmarpc/transport/...   the public headers
 #   lib/librdmarpc.a                                        the runtime (rpc and transport layers,
-#                                                           the health service, ReadSecretFile)
+#                                                           the health service, metrics,
+#                                                           ReadSecretFile)
 #   bin/protoc-gen-rdmarpc                                  the protoc plugin
 #   bin/rdmarpc                                             the command-line client
 #   lib/pkgconfig/rdmarpc.pc                                for pkg-config / CMake's pkg_check_modules
@@ -25,7 +26,7 @@ case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 cd "$(dirname "$0")/.."
 
 version=0.1.0
-bazel build --config=ci //rpc //rpc:health //rpc:secret_file //transport \
+bazel build --config=ci //rpc //rpc:health //rpc:metrics //rpc:secret_file //transport \
   //tools/codegen:protoc-gen-rdmarpc \
   //tools/cli:rdmarpc
 bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
@@ -48,7 +49,8 @@ trap 'rm -rf "$tmp"' EXIT
     transport/libinproc.a transport/libinterface.a transport/libpoller.a \
     transport/libacceptor.a rpc/libhealth.a \
     rpc/libhealth_proto.a \
-    rpc/libsecret_file.a rpc/libcall_types.a rpc/internal/libwire.a; do
+    rpc/libsecret_file.a rpc/libcall_types.a rpc/internal/libwire.a \
+    rpc/internal/libcall_stats.a rpc/libmetrics.a; do
     echo "ADDLIB $bin/$lib"
   done
   echo "SAVE"
