@@ -287,11 +287,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         b.interceptors.push_back(one ? std::move(one) : i);
       }
       b.rest = b.interceptors;
-      if (auto* r =
-              b.rest.empty() ? nullptr : dynamic_cast<ClientStatsRecorder*>(b.rest.front().get())) {
-        b.stats = &r->stats();  // kept alive by b.interceptors
-        b.rest.erase(b.rest.begin());
-      }
+      b.stats = LeadingRecorderStats<ClientStatsRecorder>(b.rest);  // kept alive by b.interceptors
+      if (b.stats) b.rest.erase(b.rest.begin());
     } else if (b.name != method.full_name) {
       return unbound_;
     }

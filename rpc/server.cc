@@ -994,12 +994,11 @@ Status Server::AddService(Service& service) {
       auto bound = i->ForMethod(m.info);
       hosted.interceptors.push_back(bound ? std::move(bound) : i);
     }
-    if (!hosted.interceptors.empty()) {
-      if (auto* r = dynamic_cast<internal::ServerStatsRecorder*>(hosted.interceptors[0].get())) {
-        hosted.stats = &r->stats();
-        hosted.recorder = std::move(hosted.interceptors[0]);
-        hosted.interceptors.erase(hosted.interceptors.begin());
-      }
+    hosted.stats =
+        internal::LeadingRecorderStats<internal::ServerStatsRecorder>(hosted.interceptors);
+    if (hosted.stats) {
+      hosted.recorder = std::move(hosted.interceptors.front());
+      hosted.interceptors.erase(hosted.interceptors.begin());
     }
     hosted.observed = hosted.stats || !hosted.interceptors.empty();
     core_->methods.emplace(m.info.id, std::move(hosted));

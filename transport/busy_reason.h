@@ -14,5 +14,7 @@ enum class BusyReason : uint8_t {
   kConnectionLimit = 1,  // the server's limit of connections
   kPeerLimit = 2,        // the server's limit of connections from one client address
 };
+// The last reason this side knows; a byte past it reads as kUnstated.
+inline constexpr BusyReason kLastBusyReason = BusyReason::kPeerLimit;
 
 }  // namespace rdmarpc::transport

@@ -170,7 +170,7 @@ Expected<Answer> DecodeAnswer(const void* data, size_t len) {
   if (len < kAnswerBytes) return Error{"handshake answer too short"};
   if (out.code == Refusal::kBusy) {
     // A reason this side does not know is still a busy answer.
-    if (p[8] <= static_cast<uint8_t>(BusyReason::kPeerLimit)) out.busy = BusyReason{p[8]};
+    if (p[8] <= static_cast<uint8_t>(kLastBusyReason)) out.busy = BusyReason{p[8]};
     return out;
   }
   std::memcpy(out.challenge.data(), p + 8, 8);

@@ -192,9 +192,6 @@ class MethodTable {
   std::atomic<MethodStats*> hints_[kHints]{};
   mutable std::mutex mu_;  // serializes inserts
 };
-}  // namespace internal
-
-namespace internal {
 // The per-method interceptors of rdmarpc::Metrics derive from these. Where one comes first in a
 // server's (ServerOptions::interceptors) or a channel's (ChannelOptions::interceptors) list, the
 // runtime records into its stats() itself and leaves it out of the virtual calls: being first,
@@ -236,6 +233,15 @@ class ClientStatsRecorder : public ClientInterceptor {
  private:
   MethodStats& stats_;
 };
+
+// The rule above, for servers and channels binding a method's interceptors: the counters of
+// the Recorder (ServerStatsRecorder or ClientStatsRecorder) that comes first in `list`, if one
+// does (the caller then takes it out of the list it calls), else null.
+template <class Recorder, class Interceptors>
+MethodStats* LeadingRecorderStats(const Interceptors& list) {
+  auto* r = list.empty() ? nullptr : dynamic_cast<Recorder*>(list.front().get());
+  return r ? &r->stats() : nullptr;
+}
 }  // namespace internal
 
 }  // namespace rdmarpc

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       size_t kept = kAnswerBytes;
       if (answer.code == Refusal::kBusy) {
         kept = 8;
-        if (data[8] <= static_cast<uint8_t>(BusyReason::kPeerLimit)) {
+        if (data[8] <= static_cast<uint8_t>(kLastBusyReason)) {
           if (answer.busy != BusyReason{data[8]}) std::abort();
           kept = 9;
         } else if (answer.busy != BusyReason::kUnstated) {
