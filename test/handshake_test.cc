@@ -7,10 +7,13 @@
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "test/expected_text.h"
 #include "transport/acceptor.h"
+#include "transport/stats.h"
 
 using namespace rdmarpc::transport;
 using rdmarpc::testing::ErrorOf;
@@ -301,6 +304,78 @@ TEST_CASE("a listener's verdict on a HELLO: go on, challenge, or refuse saying w
   CHECK(open->NextExecutor() == Executor(io1.get_executor()));
   CHECK(open->NextExecutor() == Executor(io2.get_executor()));
   CHECK(open->NextExecutor() == Executor(io1.get_executor()));
+}
+
+// Options::max_handshakes, decided where both listeners (tcp, rdma) decide it, without the
+// timing a flood over a real socket depends on: the set-ups' threads (here one io_context) are
+// not run until the test says so, as when a flood outpaces them.
+TEST_CASE(
+    "connections in set-up: at the bound the oldest gives up, at twice the bound new ones are "
+    "refused as busy",
+    "[handshake][limits]") {
+  boost::asio::io_context io;
+  Options o;
+  o.max_handshakes = 4;
+  AcceptorCore core(
+      {io.get_executor()}, [](std::shared_ptr<Connection>) {}, o);
+  struct Tracked {
+    std::shared_ptr<AcceptorCore::SetUp> set_up;
+    std::unique_ptr<AcceptorCore::SetUpEnd> end;
+    bool gave_up = false;
+  };
+  std::vector<std::unique_ptr<Tracked>> set_ups;
+  auto begin = [&] {
+    auto t = std::make_unique<Tracked>();
+    t->set_up = core.BeginSetUp(io.get_executor());
+    t->end = std::make_unique<AcceptorCore::SetUpEnd>(core, t->set_up);
+    Tracked* raw = t.get();
+    t->set_up->give_up.slot().assign(
+        [raw](boost::asio::cancellation_type) { raw->gave_up = true; });
+    set_ups.push_back(std::move(t));
+  };
+  const auto before = Snapshot();
+  // Below the bound: let in, nobody gives up.
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(core.MakeRoom("tcp", "tcp://127.0.0.1:1"));
+    begin();
+  }
+  io.poll();
+  io.restart();
+  for (const auto& t : set_ups) CHECK_FALSE(t->gave_up);
+  // At the bound: each new one is let in and the oldest still in set-up is told to give up, on
+  // its own thread (so not yet).
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(core.MakeRoom("tcp", "tcp://127.0.0.1:1"));
+    begin();
+  }
+  CHECK_FALSE(set_ups[0]->gave_up);
+  // Twice the bound in set-up (the give-ups have not run): refused as busy, and counted.
+  CHECK_FALSE(core.MakeRoom("rdma", "rdma://127.0.0.1:1"));
+  CHECK_FALSE(core.MakeRoom("tcp", "tcp://127.0.0.1:1"));
+  io.poll();
+  io.restart();
+  for (int i = 0; i < 8; ++i) {
+    INFO("set-up " << i);
+    CHECK(set_ups[i]->gave_up == (i < 4));  // the four oldest, not the newer ones
+  }
+  const auto after = Snapshot();
+  CHECK(Get(after, Stat::kRefusedHandshakes) - Get(before, Stat::kRefusedHandshakes) == 2);
+  CHECK(Get(after, Stat::kHandshakesGivenUp) - Get(before, Stat::kHandshakesGivenUp) == 4);
+  // A set-up that ends (here the oldest, having given up) makes room again.
+  set_ups[0]->end.reset();
+  CHECK(core.MakeRoom("tcp", "tcp://127.0.0.1:1"));
+
+  // No bound (0): never refused, nobody gives up.
+  Options unbounded;
+  unbounded.max_handshakes = 0;
+  AcceptorCore open(
+      {io.get_executor()}, [](std::shared_ptr<Connection>) {}, unbounded);
+  std::vector<std::unique_ptr<AcceptorCore::SetUpEnd>> many;
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(open.MakeRoom("tcp", "tcp://127.0.0.1:1"));
+    many.push_back(
+        std::make_unique<AcceptorCore::SetUpEnd>(open, open.BeginSetUp(io.get_executor())));
+  }
 }
 
 // (A name that does not resolve is left to the tests that may wait on the resolver.)
