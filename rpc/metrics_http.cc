@@ -29,6 +29,7 @@ struct MetricsEndpoint::Impl {
   };
   // Declared before io: the sessions' frames, destroyed with io, still erase themselves.
   std::shared_ptr<const Metrics> metrics;
+  MetricsEndpointOptions options;
   std::list<Live> live;  // in the order they came; only on io's thread
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
@@ -39,7 +40,7 @@ struct MetricsEndpoint::Impl {
       auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) continue;  // e.g. out of descriptors for a moment
-      if (live.size() >= size_t{kMaxConnections}) MakeRoom();
+      if (live.size() >= size_t(options.max_connections)) MakeRoom();
       live.emplace_back();
       asio::co_spawn(io, Session(beast::tcp_stream(std::move(socket)), std::prev(live.end())),
                      asio::detached);
@@ -48,7 +49,7 @@ struct MetricsEndpoint::Impl {
 
   // At the bound, the oldest connection that has never had an answer is closed for the new one,
   // or else the oldest of all. Refusing the newest instead let a client that holds
-  // kMaxConnections idle connections (renewed every kIdleTimeout) keep every scrape out; now it
+  // max_connections idle connections (renewed every idle_timeout) keep every scrape out; now it
   // must outpace a scrape's few milliseconds, and a scraper's kept-alive connection goes last.
   void MakeRoom() {
     auto victim = live.end();
@@ -75,7 +76,7 @@ struct MetricsEndpoint::Impl {
     self->stream = &stream;
     beast::flat_buffer buffer(16 * 1024);  // bounded: a request larger than this is an error
     for (;;) {
-      stream.expires_after(kIdleTimeout);
+      stream.expires_after(options.idle_timeout);
       http::request_parser<http::empty_body> parser;
       parser.header_limit(8 * 1024);
       parser.body_limit(0);
@@ -116,7 +117,13 @@ struct MetricsEndpoint::Impl {
 };
 
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
-    std::shared_ptr<const Metrics> metrics, const std::string& address) {
+    std::shared_ptr<const Metrics> metrics, const std::string& address, Options options) {
+  if (options.max_connections < 1 || options.idle_timeout.count() <= 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "metrics endpoint options out of range: max_connections " +
+                      std::to_string(options.max_connections) + " (at least 1), idle_timeout " +
+                      std::to_string(options.idle_timeout.count()) + " ms (more than 0)");
+  }
   // HOST:PORT, HOST may be [v6].
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
@@ -139,6 +146,7 @@ Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   }
   auto impl = std::make_unique<Impl>();
   impl->metrics = std::move(metrics);
+  impl->options = options;
   const tcp::endpoint ep(ip, static_cast<uint16_t>(port));
   if (impl->acceptor.open(ep.protocol(), ec); !ec) {
     impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);

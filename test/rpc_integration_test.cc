@@ -1417,6 +1417,88 @@ std::string HttpExchange(uint16_t port, const std::string& request) {
   return out;
 }
 
+// Whether the endpoint has closed `s` (an orderly close or a reset) within `within`: a read that
+// returns 0 or fails; what the server sent before, if anything, is read and dropped.
+bool ClosedWithin(boost::asio::ip::tcp::socket& s, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{s.native_handle(), POLLIN, 0};
+    if (poll(&p, 1, int(left.count())) != 1) return false;
+    if (::recv(s.native_handle(), buf, sizeof buf, MSG_DONTWAIT) <= 0) return true;
+  }
+}
+
+TEST_CASE("the metrics endpoint's bounds are options: connections at once and the time to ask",
+          "[metrics]") {
+  namespace ip = boost::asio::ip;
+  auto metrics = std::make_shared<Metrics>();
+  MetricsEndpoint::Options o;
+  o.max_connections = 2;
+  o.idle_timeout = std::chrono::milliseconds(300);
+  auto endpoint = MetricsEndpoint::Start(metrics, "127.0.0.1:0", o);
+  REQUIRE(endpoint.ok());
+  const uint16_t port = (*endpoint)->port();
+  boost::asio::io_context io;
+  const auto connect = [&] {
+    ip::tcp::socket s(io);
+    s.connect({ip::make_address("127.0.0.1"), port});
+    return s;
+  };
+
+  // A connection that sends nothing is closed after idle_timeout, not the default 30 s.
+  auto silent = connect();
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(ClosedWithin(silent, std::chrono::milliseconds(3000)));
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(250));
+
+  // So is one that trickles a request a byte at a time, faster than the timeout: the request
+  // must arrive whole within it.
+  auto trickle = connect();
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  bool closed = false;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (size_t i = 0; !closed && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(3);
+       ++i) {
+    boost::system::error_code ec;
+    boost::asio::write(trickle, boost::asio::buffer(&partial[i % partial.size()], 1), ec);
+    closed = ec || ClosedWithin(trickle, std::chrono::milliseconds(50));
+  }
+  CHECK(closed);
+
+  // max_connections 2 (and the default 30 s to ask): two connections held silent cannot keep a
+  // scrape out; the oldest of them is closed for it, the other stays.
+  MetricsEndpoint::Options two;
+  two.max_connections = 2;
+  auto small = MetricsEndpoint::Start(metrics, "127.0.0.1:0", two);
+  REQUIRE(small.ok());
+  const auto connect_small = [&] {
+    ip::tcp::socket s(io);
+    s.connect({ip::make_address("127.0.0.1"), (*small)->port()});
+    return s;
+  };
+  auto held1 = connect_small();
+  auto held2 = connect_small();
+  CHECK(HttpExchange((*small)->port(), "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .rfind("HTTP/1.1 200 OK", 0) == 0);
+  CHECK(ClosedWithin(held1, std::chrono::milliseconds(2000)));
+  CHECK_FALSE(ClosedWithin(held2, std::chrono::milliseconds(200)));
+
+  // Out of range: refused, saying why.
+  MetricsEndpoint::Options none;
+  none.max_connections = 0;
+  auto bad = MetricsEndpoint::Start(metrics, "127.0.0.1:0", none);
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(bad.status().message().find("max_connections 0") != std::string::npos);
+  MetricsEndpoint::Options never;
+  never.idle_timeout = std::chrono::milliseconds(0);
+  CHECK(MetricsEndpoint::Start(metrics, "127.0.0.1:0", never).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("the metrics endpoint serves /metrics over HTTP and bounds what a client can do",
           "[metrics]") {
   auto metrics = std::make_shared<Metrics>();
@@ -1487,7 +1569,7 @@ TEST_CASE("the metrics endpoint serves /metrics over HTTP and bounds what a clie
     };
     CHECK(scrape());
     std::vector<ip::tcp::socket> held;
-    for (int i = 0; i < 3 * MetricsEndpoint::kMaxConnections; ++i) {
+    for (int i = 0; i < 3 * MetricsEndpoint::Options{}.max_connections; ++i) {
       held.emplace_back(io).connect({ip::make_address("127.0.0.1"), port});
     }
     // A new scrape is answered at once, the kept-alive one too.
@@ -1502,7 +1584,7 @@ TEST_CASE("the metrics endpoint serves /metrics over HTTP and bounds what a clie
       if (poll(&p, 1, 1000) == 1) ++closed;
     }
     INFO("idle connections closed: " << closed);
-    CHECK(closed >= held.size() - (MetricsEndpoint::kMaxConnections - 1));
+    CHECK(closed >= held.size() - (MetricsEndpoint::Options{}.max_connections - 1));
   }
 
   CHECK(MetricsEndpoint::Start(metrics, "localhost:1").status().code() ==
