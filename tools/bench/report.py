@@ -298,10 +298,13 @@ def rdma_metrics_rows(rdma):
     ir_on = {r["side"]: r["ir_per_call"] for r in cg if r.get("metrics")}
     if not rounds and not ir_on:
         return []
+    control = [r for r in rdma if r.get("kind") == "metrics_control"]
     out = ["Over rdma:// in the Soft-RoCE VM (`tools/bench/vm_bench.sh`, the same binary with and "
-           "without `--metrics` on both sides): busy-poll, 64 B, rounds interleaved off/on with a "
-           "fresh server each (depth 1: p50; depth 32: calls/s), and callgrind in events mode as "
-           "in the CPU section (200 and 1,200 calls).", "",
+           "without `--metrics` on both sides): busy-poll, 64 B, rounds interleaved with the "
+           "order alternating (off then on, on then off) and a fresh server for each arm "
+           "(depth 1: p50; depth 32: calls/s); a control of rounds with metrics off in both "
+           "arms (second / first: the boot's noise between identical arms); and callgrind in "
+           "events mode as in the CPU section (200 and 1,200 calls).", "",
            "| 64 B over rdma:// (VM) | metrics off | metrics on | on / off | per-round on / off |",
            "| --- | --- | --- | --- | --- |"]
     by = {}
@@ -317,6 +320,19 @@ def rdma_metrics_rows(rdma):
         per = " / ".join(f"{p['on'][key] / p['off'][key]:.3f}" for p in pairs)
         out.append(f"| {label}, median of {len(pairs)} rounds | {fmt.format(off)} | "
                    f"{fmt.format(on)} | {on / off:.3f} | {per} |")
+    cby = {}
+    for r in control:
+        cby.setdefault(r["round"], {})[r["arm"]] = r
+    cpairs = [v for _, v in sorted(cby.items()) if "first" in v and "second" in v]
+    for key, label, fmt in (("p50_us", "depth 1, p50 latency (us)", "{:.1f}"),
+                            ("depth32_calls_per_s", "depth 32, calls/s", "{:,.0f}")):
+        if not cpairs:
+            break
+        a = statistics.median(p["first"][key] for p in cpairs)
+        b = statistics.median(p["second"][key] for p in cpairs)
+        per = " / ".join(f"{p['second'][key] / p['first'][key]:.3f}" for p in cpairs)
+        out.append(f"| control, off against off: {label}, median of {len(cpairs)} rounds | "
+                   f"{fmt.format(a)} | {fmt.format(b)} (off again) | {b / a:.3f} | {per} |")
     for side in ("client", "server"):
         if side in ir_off and side in ir_on:
             a, b = ir_off[side], ir_on[side]

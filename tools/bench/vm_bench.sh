@@ -137,20 +137,35 @@ done
 
 # What metrics cost over rdma:// (the same binary with and without --metrics on both sides; the
 # host's tools/bench/metrics_overhead.sh measures it over TCP): busy-poll, 64 B, depth 1 (p50)
-# and depth 32 (calls/s), 5 interleaved rounds, a fresh server each (about 20 s a round). Kind
-# "metrics_round".
-for round in 1 2 3 4 5; do
-  for metrics in off on; do
-    flags=(--busy-poll)
-    [ "$metrics" = on ] && flags+=(--metrics)
-    start_server "${flags[@]}"
-    p50=$(run_client "${flags[@]}" --request-bytes 64 --duration 3 --warmup 1 --json |
-          json_field p50_us)
-    cps=$(run_client "${flags[@]}" --request-bytes 64 --depth 32 --duration 3 --warmup 1 --json |
-          json_field calls_per_s)
-    [ -n "$p50" ] && [ -n "$cps" ] && echo "{\"kind\":\"metrics_round\",\"round\":$round,\"metrics\":\"$metrics\",\"p50_us\":$p50,\"depth32_calls_per_s\":$cps}" >> "$out"
-    stop_server "$server" "busy-poll"
-  done
+# and depth 32 (calls/s), a fresh server for each arm (about 10 s an arm). 8 rounds, the order
+# alternating (off then on, on then off: a fixed order puts any drift within a round on one
+# side -- 2026-12-06's run with off always first had on slower in 5 of 5 rounds, the next boot
+# alternating had it slower in 4 of 8), kind "metrics_round"; then 4 rounds of off against off
+# (kind "metrics_control", arms "first" and "second"): how far two identical arms differ in
+# this boot, the noise an on/off ratio is to be read against.
+metrics_arm() {  # kind round label FLAG...
+  local kind=$1 round=$2 label=$3 field=metrics p50 cps
+  shift 3
+  [ "$kind" = metrics_control ] && field=arm
+  start_server "$@"
+  p50=$(run_client "$@" --request-bytes 64 --duration 3 --warmup 1 --json | json_field p50_us)
+  cps=$(run_client "$@" --request-bytes 64 --depth 32 --duration 3 --warmup 1 --json |
+        json_field calls_per_s)
+  [ -n "$p50" ] && [ -n "$cps" ] && echo "{\"kind\":\"$kind\",\"round\":$round,\"$field\":\"$label\",\"p50_us\":$p50,\"depth32_calls_per_s\":$cps}" >> "$out"
+  stop_server "$server" "busy-poll"
+}
+for round in 1 2 3 4 5 6 7 8; do
+  if [ $((round % 2)) = 1 ]; then
+    metrics_arm metrics_round $round off --busy-poll
+    metrics_arm metrics_round $round on --busy-poll --metrics
+  else
+    metrics_arm metrics_round $round on --busy-poll --metrics
+    metrics_arm metrics_round $round off --busy-poll
+  fi
+done
+for round in 1 2 3 4; do
+  metrics_arm metrics_control $round first --busy-poll
+  metrics_arm metrics_control $round second --busy-poll
 done
 
 # CPU cost per call over rdma://, as the host's TCP figure is measured: both sides under
