@@ -139,8 +139,7 @@ done
 # host's tools/bench/metrics_overhead.sh measures it over TCP): busy-poll, 64 B, depth 1 (p50)
 # and depth 32 (calls/s), a fresh server for each arm (about 10 s an arm). 8 rounds, the order
 # alternating (off then on, on then off: a fixed order puts any drift within a round on one
-# side -- 2026-12-06's run with off always first had on slower in 5 of 5 rounds, the next boot
-# alternating had it slower in 4 of 8), kind "metrics_round"; then 4 rounds of off against off
+# side), kind "metrics_round"; then 4 rounds of off against off
 # (kind "metrics_control", arms "first" and "second"): how far two identical arms differ in
 # this boot, the noise an on/off ratio is to be read against.
 metrics_arm() {  # kind round label FLAG...
