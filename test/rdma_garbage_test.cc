@@ -558,11 +558,9 @@ TEST_CASE("a large reply exposed to one client cannot be read by another, nor af
   CHECK(r->payload() == big.payload());
 }
 
-// Under ThreadSanitizer the server's side runs several times slower than the raw peer's writes
-// (uninstrumented libibverbs and the kernel's), so more records land before the server has
-// counted its way to the bound, and shadow memory inflates resident memory (the memory bound is
-// AddressSanitizer's and the plain build's to check). There the server must still close the
-// connection while the peer is writing, within twice the bound, and the figures are printed.
+// Under ThreadSanitizer shadow memory inflates resident memory, so the resident-memory bound is
+// AddressSanitizer's and the plain build's to check; what the server holds by its own count is
+// checked in every build.
 #if defined(__SANITIZE_THREAD__)
 constexpr bool kThreadSanitizer = true;
 #else
@@ -594,31 +592,34 @@ TEST_CASE(
   bool closed = false;
   const double rss_start = RssMiB();
   double rss_peak = rss_start;
+  int64_t held_peak = 0;
   // What the budget holds in PONGs (32 bytes each, plus 64 of bookkeeping), then one ring.
   const int expected = int(budget / 96) + int(slots);
   for (; written < 2 * expected && !closed; ++written) {
     const uint32_t slot = uint32_t(written) % slots;
     if (peer.Write(slot * transport::rdma::kRecordAlignBytes, bytes, slot) != IBV_WC_SUCCESS) break;
     closed = ts.server.connections() == 1;
+    if (written % 64 == 0) held_peak = std::max(held_peak, ts.server.buffered_bytes());
     if (written % 256 == 0) rss_peak = std::max(rss_peak, RssMiB());
   }
+  held_peak = std::max(held_peak, ts.server.buffered_bytes());
   // This process is the server (and the raw peer, whose memory is fixed: its 1 MiB ring).
   std::printf(
       "RSS rdma PINGs without credit, budget %zu KiB: start %.1f MiB, peak %.1f MiB, "
-      "%d records\n",
-      budget / 1024, rss_start, rss_peak, written);
+      "%d records, the server held at most %lld KiB\n",
+      budget / 1024, rss_start, rss_peak, written, static_cast<long long>(held_peak / 1024));
   INFO("records written before the server closed the connection: " << written);
   if (!kThreadSanitizer) CHECK(rss_peak - rss_start < 64 + budget / 1048576.0);
   CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
   CHECK(ts.server.throttle_events() > 0);
-  // The budget's worth of queued PONGs plus one ring (512 records of 64 bytes), and a little slack.
-  if (kThreadSanitizer) {
-    // The loop above stopped before its cap: the server closed the connection (or the QP,
-    // which failed the peer's write) while the peer was still writing.
-    CHECK(written < 2 * expected);
-  } else {
-    CHECK(written < expected + 512);
-  }
+  // The loop stopped before its cap: the server closed the connection (or the QP, which failed
+  // the peer's write) while the peer was still writing. How many records that took depends on
+  // how far the server's thread trails the peer's writes (on a quiet machine the budget's PONGs
+  // and one ring, ~expected; with both cores loaded, 28% more once), so the bound itself is
+  // checked on what the server held, counted to within 32 KiB per connection and paused once
+  // over (as in the server-wide test below).
+  CHECK(written < 2 * expected);
+  CHECK(held_peak <= int64_t(budget) + 2 * 32 * 1024 + 64 * 96);
   CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
@@ -666,15 +667,11 @@ TEST_CASE("clients that take no replies cannot hold more than the server-wide bu
         kBudget / 1024, p, written, static_cast<long long>(held_peak / 1024));
     INFO("records written before the server closed the connection: " << written);
     CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
-    if (kThreadSanitizer) {
-      CHECK(written < 2 * expected);  // see the test above
-    } else {
-      // The budget's worth of PONGs, one ring, and a little slack (as above). Without the
-      // server-wide bound the loop runs to its cap: the connection's own budget is 16 MiB.
-      CHECK(written < expected + 512);
-      // Counted to within 32 KiB per connection, and paused once over.
-      CHECK(held_peak <= int64_t(kBudget) + 2 * 32 * 1024 + 64 * 96);
-    }
+    // Closed while the peer was still writing (see the test above); without the server-wide
+    // bound the loop runs to its cap: the connection's own budget is 16 MiB. What the server
+    // held: counted to within 32 KiB per connection, and paused once over.
+    CHECK(written < 2 * expected);
+    CHECK(held_peak <= int64_t(kBudget) + 2 * 32 * 1024 + 64 * 96);
     CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
   }
   CHECK(ts.server.throttle_events() > 0);
