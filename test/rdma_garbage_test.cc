@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "rpc/method_id.h"
@@ -187,24 +188,47 @@ class RawVerbsPeer {
     sge.addr = reinterpret_cast<uint64_t>(send_);
     sge.length = bytes;
     sge.lkey = send_mr_->lkey;
-    ibv_send_wr wr{}, *bad = nullptr;
+    ibv_send_wr wr{};
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.sg_list = bytes ? &sge : nullptr;
     wr.num_sge = bytes ? 1 : 0;
     wr.imm_data = htonl(imm);
     wr.wr.rdma.remote_addr = addr + offset;
     wr.wr.rdma.rkey = rkey;
-    if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send");
     // A write to a QP the server has closed may never complete (its packets are dropped and
     // this QP's retry timer may be unbounded): give up after a while.
-    const auto until = std::chrono::steady_clock::now() + 2s;
-    ibv_wc wc{};
-    for (;;) {
-      int n = ibv_poll_cq(id_->send_cq, 1, &wc);
-      if (n < 0) Fail("ibv_poll_cq");
-      if (n == 1) return wc.status;
-      if (std::chrono::steady_clock::now() > until) return IBV_WC_GENERAL_ERR;
-    }
+    return PostAndWait(wr, 2s);
+  }
+
+  // A two-sided SEND of `bytes` from the send buffer (with `imm` as immediate data, if given):
+  // not how the protocol talks, since the server's receives have no buffer.
+  ibv_wc_status SendTwoSided(uint32_t bytes, std::optional<uint32_t> imm = std::nullopt) {
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(send_);
+    sge.length = bytes;
+    sge.lkey = send_mr_->lkey;
+    ibv_send_wr wr{};
+    wr.opcode = imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    wr.sg_list = bytes ? &sge : nullptr;
+    wr.num_sge = bytes ? 1 : 0;
+    if (imm) wr.imm_data = htonl(*imm);
+    return PostAndWait(wr, 2s);
+  }
+
+  // An 8-byte atomic fetch-and-add at `addr` with `rkey` (the old value lands past our ring).
+  ibv_wc_status FetchAdd(uint64_t addr, uint32_t rkey) {
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
+    sge.length = 8;
+    sge.lkey = ring_mr_->lkey;
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.compare_add = 1;
+    return PostAndWait(wr, 2s);
   }
 
   // A PING frame with `id` as one record in the send buffer; returns the record's bytes.
@@ -276,28 +300,35 @@ class RawVerbsPeer {
     sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
     sge.length = bytes;
     sge.lkey = ring_mr_->lkey;
-    ibv_send_wr wr{}, *bad = nullptr;
+    ibv_send_wr wr{};
     wr.opcode = IBV_WR_RDMA_READ;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.wr.rdma.remote_addr = addr;
     wr.wr.rdma.rkey = rkey;
-    if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send (read)");
-    const auto until = std::chrono::steady_clock::now() + 5s;
+    const ibv_wc_status status = PostAndWait(wr, 5s);
+    if (status == IBV_WC_SUCCESS && out) {
+      out->assign(reinterpret_cast<const char*>(ring_.get() + kRing), bytes);
+    }
+    return status;
+  }
+
+ private:
+  // Posts `wr` (signaled: sq_sig_all) and waits up to `limit` for its completion: its status,
+  // or IBV_WC_GENERAL_ERR when none came.
+  ibv_wc_status PostAndWait(ibv_send_wr& wr, std::chrono::milliseconds limit) {
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(id_->qp, &wr, &bad)) Fail("ibv_post_send");
+    const auto until = std::chrono::steady_clock::now() + limit;
     ibv_wc wc{};
     for (;;) {
       int n = ibv_poll_cq(id_->send_cq, 1, &wc);
       if (n < 0) Fail("ibv_poll_cq");
-      if (n == 1) break;
+      if (n == 1) return wc.status;
       if (std::chrono::steady_clock::now() > until) return IBV_WC_GENERAL_ERR;
     }
-    if (wc.status == IBV_WC_SUCCESS && out) {
-      out->assign(reinterpret_cast<const char*>(ring_.get() + kRing), bytes);
-    }
-    return wc.status;
   }
 
- private:
   [[noreturn]] static void Fail(const char* what) {
     throw std::runtime_error(std::string("raw verbs peer: ") + what + ": " + std::strerror(errno));
   }
@@ -470,6 +501,63 @@ TEST_CASE("a raw verbs peer that breaks the ring protocol is dropped; others are
   CHECK(pong.type == FrameType::kPong);
   CHECK(pong.call_id == 42);
   CHECK(ts.server.connections() == 2);
+}
+
+// The protocol is one-sided writes with immediate data; a peer may post anything else its QP
+// allows. Each attempt here comes from a fresh peer, and the well-behaved client is served after
+// each.
+TEST_CASE(
+    "a raw verbs peer that sends, reads or does atomics instead of writing records gets nothing; "
+    "others are served",
+    "[rdma][errors]") {
+  InitLogging("", "info");
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  TestServer ts(listen);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  const auto served = [&](const char* after) {
+    EchoRequest req;
+    req.set_payload(std::string("after ") + after);
+    auto r = stub.Echo(req, {.timeout = 10s});
+    REQUIRE(r.ok());
+    CHECK(r->payload() == req.payload());
+  };
+  // Two-sided sends consume one of the thread's shared receives, which have no buffer: one
+  // without immediate data is a protocol error, one with a payload fails the receive. Either
+  // way the server drops this connection, and only it.
+  for (const uint32_t bytes : {0u, 48u}) {
+    INFO("SEND of " << bytes << " bytes without immediate data");
+    RawVerbsPeer peer(ts.uri);
+    REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+    peer.SetPing(1);
+    peer.SendTwoSided(bytes);
+    CHECK(Eventually([&] { return ts.server.connections() == 1; }, 10000ms));
+    served("a SEND");
+  }
+  // The ring's memory window grants remote write and nothing else: a read of it or an atomic
+  // on it fails at the peer, and the server's ring is untouched (the next good call works).
+  {
+    RawVerbsPeer peer(ts.uri);
+    REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+    std::string got;
+    const ibv_wc_status read = peer.Read(peer.remote_addr(), peer.remote_rkey(), 64, &got);
+    INFO("RDMA READ of the server's ring: " << ibv_wc_status_str(read));
+    CHECK(read != IBV_WC_SUCCESS);
+    CHECK(got.empty());
+    served("an RDMA READ of the ring");
+  }
+  {
+    RawVerbsPeer peer(ts.uri);
+    REQUIRE(Eventually([&] { return ts.server.connections() >= 2; }, 10000ms));
+    const ibv_wc_status atomic = peer.FetchAdd(peer.remote_addr(), peer.remote_rkey());
+    INFO("atomic fetch-and-add on the server's ring: " << ibv_wc_status_str(atomic));
+    CHECK(atomic != IBV_WC_SUCCESS);
+    served("an atomic on the ring");
+  }
+  // Each peer disconnected as it went: the server is left with the good client alone.
+  CHECK(Eventually([&] { return ts.server.connections() == 1; }, 20000ms));
 }
 
 TEST_CASE("a client cannot write into another client's receive ring, even with its rkey",
