@@ -217,10 +217,7 @@ class RawVerbsPeer {
 
   // An 8-byte atomic fetch-and-add at `addr` with `rkey` (the old value lands past our ring).
   ibv_wc_status FetchAdd(uint64_t addr, uint32_t rkey) {
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
-    sge.length = 8;
-    sge.lkey = ring_mr_->lkey;
+    ibv_sge sge = ReadRoom(8);
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
     wr.sg_list = &sge;
@@ -296,10 +293,7 @@ class RawVerbsPeer {
   // RDMA READ of `bytes` (at most kReadRoom) at `addr` with `rkey`, past our ring's memory;
   // returns the completion status and, on success, the bytes.
   ibv_wc_status Read(uint64_t addr, uint32_t rkey, uint32_t bytes, std::string* out) {
-    ibv_sge sge{};
-    sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
-    sge.length = bytes;
-    sge.lkey = ring_mr_->lkey;
+    ibv_sge sge = ReadRoom(bytes);
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_RDMA_READ;
     wr.sg_list = &sge;
@@ -314,6 +308,15 @@ class RawVerbsPeer {
   }
 
  private:
+  // The first `bytes` past our ring (kReadRoom of them, in the ring's registration): where
+  // reads and atomics land.
+  ibv_sge ReadRoom(uint32_t bytes) {
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uint64_t>(ring_.get() + kRing);
+    sge.length = bytes;
+    sge.lkey = ring_mr_->lkey;
+    return sge;
+  }
   // Posts `wr` (signaled: sq_sig_all) and waits up to `limit` for its completion: its status,
   // or IBV_WC_GENERAL_ERR when none came.
   ibv_wc_status PostAndWait(ibv_send_wr& wr, std::chrono::milliseconds limit) {

@@ -289,6 +289,26 @@ def tcp_round_ratio(r):
     return r["rdmarpc"]["calls_per_s"] / r["grpc"]["calls_per_s"]
 
 
+def paired_rounds(rows, field, a, b, prefix, b_note=""):
+    """Table rows for rounds of two arms (`field` is `a` or `b` in each row, paired by "round"):
+    per figure, the medians of both arms, their ratio b / a and every round's ratio."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["round"], {})[r[field]] = r
+    pairs = [v for _, v in sorted(by.items()) if a in v and b in v]
+    out = []
+    for key, label, fmt in (("p50_us", "depth 1, p50 latency (us)", "{:.1f}"),
+                            ("depth32_calls_per_s", "depth 32, calls/s", "{:,.0f}")):
+        if not pairs:
+            break
+        ma = statistics.median(p[a][key] for p in pairs)
+        mb = statistics.median(p[b][key] for p in pairs)
+        per = " / ".join(f"{p[b][key] / p[a][key]:.3f}" for p in pairs)
+        out.append(f"| {prefix}{label}, median of {len(pairs)} rounds | {fmt.format(ma)} | "
+                   f"{fmt.format(mb)}{b_note} | {mb / ma:.3f} | {per} |")
+    return out
+
+
 def rdma_metrics_rows(rdma):
     """The metrics-overhead table over rdma:// (vm_bench.sh's "metrics_round" lines and its
     callgrind rows with and without --metrics), or nothing for a run without them."""
@@ -307,32 +327,9 @@ def rdma_metrics_rows(rdma):
            "events mode as in the CPU section (200 and 1,200 calls).", "",
            "| 64 B over rdma:// (VM) | metrics off | metrics on | on / off | per-round on / off |",
            "| --- | --- | --- | --- | --- |"]
-    by = {}
-    for r in rounds:
-        by.setdefault(r["round"], {})[r["metrics"]] = r
-    pairs = [v for _, v in sorted(by.items()) if "off" in v and "on" in v]
-    for key, label, fmt in (("p50_us", "depth 1, p50 latency (us)", "{:.1f}"),
-                            ("depth32_calls_per_s", "depth 32, calls/s", "{:,.0f}")):
-        if not pairs:
-            break
-        off = statistics.median(p["off"][key] for p in pairs)
-        on = statistics.median(p["on"][key] for p in pairs)
-        per = " / ".join(f"{p['on'][key] / p['off'][key]:.3f}" for p in pairs)
-        out.append(f"| {label}, median of {len(pairs)} rounds | {fmt.format(off)} | "
-                   f"{fmt.format(on)} | {on / off:.3f} | {per} |")
-    cby = {}
-    for r in control:
-        cby.setdefault(r["round"], {})[r["arm"]] = r
-    cpairs = [v for _, v in sorted(cby.items()) if "first" in v and "second" in v]
-    for key, label, fmt in (("p50_us", "depth 1, p50 latency (us)", "{:.1f}"),
-                            ("depth32_calls_per_s", "depth 32, calls/s", "{:,.0f}")):
-        if not cpairs:
-            break
-        a = statistics.median(p["first"][key] for p in cpairs)
-        b = statistics.median(p["second"][key] for p in cpairs)
-        per = " / ".join(f"{p['second'][key] / p['first'][key]:.3f}" for p in cpairs)
-        out.append(f"| control, off against off: {label}, median of {len(cpairs)} rounds | "
-                   f"{fmt.format(a)} | {fmt.format(b)} (off again) | {b / a:.3f} | {per} |")
+    out += paired_rounds(rounds, "metrics", "off", "on", "")
+    out += paired_rounds(control, "arm", "first", "second", "control, off against off: ",
+                         " (off again)")
     for side in ("client", "server"):
         if side in ir_off and side in ir_on:
             a, b = ir_off[side], ir_on[side]
