@@ -54,7 +54,8 @@ constexpr char kUsage[] =
     "       rdmarpc_bench --target URI [--connections C] [--depth D] [--request-bytes N]\n"
     "                     [--response-bytes N] [--duration S | --calls N] [--warmup S]\n"
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
-    "                     [--connect-timeout-ms MS] [--json] [--quiet] [--metrics]\n"
+    "                     [--connect-timeout-ms MS] [--timeout-ms MS] [--json] [--quiet] "
+    "[--metrics]\n"
     "                     [--no-latency]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
@@ -86,6 +87,8 @@ constexpr char kUsage[] =
     "                       report mismatches and client/server RSS at start and end\n"
     "  --no-latency         do not time each call (no clock reads, no histogram): for\n"
     "                       instruction counts of rdmarpc alone (tools/bench/lib.sh)\n"
+    "  --timeout-ms MS     each call's timeout (default 30000; 0: calls without a deadline,\n"
+    "                       which neither side reads the clock for)\n"
     "  --metrics            record every call in an rdmarpc::Metrics registry (server and\n"
     "                       client interceptors), to measure what metrics cost\n"
     "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
@@ -210,7 +213,8 @@ struct ClientConfig {
   double duration_s, warmup_s;
   long calls;  // 0 = run for duration_s
   bool json, quiet, verify;
-  bool latency = true;  // time each call (--no-latency: not)
+  bool latency = true;                        // time each call (--no-latency: not)
+  std::chrono::milliseconds timeout{30'000};  // each call's (--timeout-ms; 0: no deadline)
   rdmarpc::ChannelOptions options;
 };
 
@@ -248,7 +252,7 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
   req.set_response_bytes(static_cast<uint32_t>(cfg.response_bytes));
   rdmarpc::bench::CallReply reply;
   rdmarpc::CallOptions opts;
-  opts.timeout = std::chrono::seconds(30);
+  opts.timeout = cfg.timeout;
   const uint64_t loop_id = w.next_loop_id++;
   uint64_t seq = 0;
   while (!shared.stop.load(std::memory_order_relaxed)) {
@@ -687,7 +691,8 @@ int main(int argc, char** argv) {
                                      {"connect-window", true},   {"json", false},
                                      {"quiet", false},           {"verify", false},
                                      {"stream", false},          {"upload", false},
-                                     {"metrics", false},         {"no-latency", false}}));
+                                     {"metrics", false},         {"no-latency", false},
+                                     {"timeout-ms", true}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -706,6 +711,7 @@ int main(int argc, char** argv) {
   cfg.quiet = flags.has("quiet") || cfg.json;
   cfg.verify = flags.has("verify");
   cfg.latency = !flags.has("no-latency");
+  cfg.timeout = std::chrono::milliseconds(flags.get_int("timeout-ms", 30'000, 0, 86'400'000));
   if (flags.has("metrics")) {
     cfg.options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->client_interceptor());
   }
