@@ -996,7 +996,9 @@ def main():
         w("")
         w("The same `rdmarpc_bench` binary with and without `--metrics` (an `rdmarpc::Metrics` "
           "registry's interceptors on the server and on the client: docs/METRICS.md), over TCP "
-          "on loopback, rounds interleaved off/on. Command: `tools/bench/metrics_overhead.sh 11` "
+          "on loopback, rounds interleaved with the order alternating (off then on, on then "
+          "off), then a control of rounds with metrics off in both arms (the noise between "
+          "identical arms). Command: `tools/bench/metrics_overhead.sh 11` "
           "(a step of `tools/bench/run_all.sh`). The transport counters are always on, so they "
           "are in both columns; the callgrind rows are the steadier measure (interleaved rounds, "
           "so both settings see the same machine load: see the CPU section on sleeps per call), the timed rows "
