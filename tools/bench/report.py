@@ -303,9 +303,12 @@ def paired_rounds(rows, field, a, b, prefix, b_note=""):
             break
         ma = statistics.median(p[a][key] for p in pairs)
         mb = statistics.median(p[b][key] for p in pairs)
-        per = " / ".join(f"{p[b][key] / p[a][key]:.3f}" for p in pairs)
+        ratios = [p[b][key] / p[a][key] for p in pairs]
+        per = " / ".join(f"{r:.3f}" for r in ratios)
+        above = sum(r > 1 for r in ratios)
         out.append(f"| {prefix}{label}, median of {len(pairs)} rounds | {fmt.format(ma)} | "
-                   f"{fmt.format(mb)}{b_note} | {mb / ma:.3f} | {per} |")
+                   f"{fmt.format(mb)}{b_note} | {mb / ma:.3f} | {per} ({above} of "
+                   f"{len(ratios)} above 1) |")
     return out
 
 
