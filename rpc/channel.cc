@@ -220,7 +220,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       // interceptors (callgrind, 64 B; with metrics this form took 2,827 -> 2,761).
       if (slot.status.ok()) {
         FreeSlot(index);
-        if (ic.observed()) FinishIntercepted(method, ic, Status());
+        if (ic.observed()) FinishInterceptedOk(method, ic);
         co_return Status();
       }
       status = std::move(slot.status);
@@ -325,6 +325,14 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       for (size_t i = ic.admitted; i-- > 0;) (*ic.list)[i]->OnFinish(method, status, elapsed);
     }
     if (ic.stats) ic.stats->Finished(status.code(), elapsed, 0, 0);
+  }
+
+  // FinishIntercepted for a call that succeeded. A metrics recorder alone (the usual case) gets
+  // the OK code as a constant, and no Status is built for it.
+  [[gnu::noinline]] static void FinishInterceptedOk(const MethodInfo& method,
+                                                    const Interception& ic) {
+    if (ic.list) return FinishIntercepted(method, ic, Status());
+    if (ic.stats) ic.stats->Finished(StatusCode::kOk, Clock::now() - ic.start, 0, 0);
   }
 
   // The call's result, after telling its interceptors (if any) how it ended.
