@@ -308,22 +308,21 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     return Status();
   }
 
-  // OnFinish, in reverse order, for the first `admitted` interceptors.
+  // OnFinish, in reverse order, for the first `admitted` interceptors, `elapsed` since the
+  // first one's OnStart.
   static void FinishInterceptors(const ClientInterceptors& list, const MethodInfo& method,
-                                 const Status& status, std::chrono::steady_clock::time_point start,
+                                 const Status& status, std::chrono::nanoseconds elapsed,
                                  size_t admitted) {
-    const auto elapsed = Clock::now() - start;
     while (admitted-- > 0) list[admitted]->OnFinish(method, status, elapsed);
   }
 
   // Tells a unary call's interceptors (OnFinish, in reverse order), then its metrics recorder,
-  // how it ended.
-  static void FinishIntercepted(const MethodInfo& method, const Interception& ic,
-                                const Status& status) {
+  // how it ended. Out of line: inlined into FinishInterceptedOk, its loop made that function's
+  // common case (a recorder alone) save six registers and build a frame (~8 instructions).
+  [[gnu::noinline]] static void FinishIntercepted(const MethodInfo& method, const Interception& ic,
+                                                  const Status& status) {
     const auto elapsed = Clock::now() - ic.start;
-    if (ic.list) {
-      for (size_t i = ic.admitted; i-- > 0;) (*ic.list)[i]->OnFinish(method, status, elapsed);
-    }
+    if (ic.list) FinishInterceptors(*ic.list, method, status, elapsed, ic.admitted);
     if (ic.stats) ic.stats->Finished(status.code(), elapsed, 0, 0);
   }
 
@@ -368,7 +367,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       status = co_await OpenStreamUnintercepted(method, request, options, index, generation);
     }
     if (!status.ok()) {
-      FinishInterceptors(list, method, status, start, admitted);
+      FinishInterceptors(list, method, status, Clock::now() - start, admitted);
       co_return status;
     }
     Slot& s = calls_[*index];
@@ -382,7 +381,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     Slot& s = calls_[index];
     if (!s.interceptors) return;
     const ClientInterceptors& list = *std::exchange(s.interceptors, nullptr);
-    FinishInterceptors(list, *s.method, status, s.intercepted_at, list.size());
+    FinishInterceptors(list, *s.method, status, Clock::now() - s.intercepted_at, list.size());
   }
 
   asio::awaitable<Status> OpenStreamUnintercepted(const MethodInfo& method,

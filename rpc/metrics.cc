@@ -11,12 +11,14 @@
 namespace rdmarpc {
 namespace {
 
-// One method's series, found once (ForMethod) rather than by name on every call. The runtime
-// records into its stats() itself where it comes first (internal::ServerStatsRecorder).
-class ServerMethodMetrics final : public internal::ServerStatsRecorder {
+// One method's series on one side (Recorder: internal::ServerStatsRecorder or
+// ClientStatsRecorder), found once (ForMethod) rather than by name on every call. The runtime
+// records into its stats() itself where it comes first in its list.
+template <class Recorder>
+class MethodMetrics final : public Recorder {
  public:
-  ServerMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
-      : ServerStatsRecorder(stats), metrics_(std::move(metrics)) {}
+  MethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
+      : Recorder(stats), metrics_(std::move(metrics)) {}
 
  private:
   std::shared_ptr<Metrics> metrics_;  // keeps stats() alive
@@ -29,21 +31,12 @@ class ServerMetricsInterceptor final : public ServerInterceptor {
   // The server binds every method it hosts (Server::AddService), so the calls themselves are
   // seen only by what this returns.
   std::shared_ptr<ServerInterceptor> ForMethod(const MethodInfo& method) override {
-    return std::make_shared<ServerMethodMetrics>(metrics_,
-                                                 metrics_->server_methods().Get(method.full_name));
+    return std::make_shared<MethodMetrics<internal::ServerStatsRecorder>>(
+        metrics_, metrics_->server_methods().Get(method.full_name));
   }
 
  private:
   std::shared_ptr<Metrics> metrics_;
-};
-
-class ClientMethodMetrics final : public internal::ClientStatsRecorder {
- public:
-  ClientMethodMetrics(std::shared_ptr<Metrics> metrics, internal::MethodStats& stats)
-      : ClientStatsRecorder(stats), metrics_(std::move(metrics)) {}
-
- private:
-  std::shared_ptr<Metrics> metrics_;  // keeps stats() alive
 };
 
 class ClientMetricsInterceptor final : public ClientInterceptor {
@@ -51,8 +44,8 @@ class ClientMetricsInterceptor final : public ClientInterceptor {
   explicit ClientMetricsInterceptor(std::shared_ptr<Metrics> metrics)
       : metrics_(std::move(metrics)) {}
   std::shared_ptr<ClientInterceptor> ForMethod(const MethodInfo& method) override {
-    return std::make_shared<ClientMethodMetrics>(metrics_,
-                                                 metrics_->client_methods().Get(method.full_name));
+    return std::make_shared<MethodMetrics<internal::ClientStatsRecorder>>(
+        metrics_, metrics_->client_methods().Get(method.full_name));
   }
   // Only for a method whose ForMethod answer the channel cannot use: a second method name with
   // an id already bound (see ChannelCore::InterceptorsFor).
