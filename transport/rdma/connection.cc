@@ -4,11 +4,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cstring>
+#include <new>
 #include <random>
 
 #include "transport/tsan_wire.h"
@@ -100,7 +103,7 @@ Expected<void> RdmaConnection::Setup() {
   recv_mr_.reset(ibv_reg_mr(
       dev_->pd(), recv_buf_.get(), kRingBytes,
       IBV_ACCESS_LOCAL_WRITE | (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE)));
-  if (!recv_mr_) return Error{Errno("ibv_reg_mr (receive ring)")};
+  if (!recv_mr_) return Error{RegisterErrno("ibv_reg_mr (receive ring)")};
   ring_rkey_ = recv_mr_->rkey;
   auto slot = dev_->AcquireCq(kSendDepth);
   if (!slot.ok()) return slot.error();
@@ -237,16 +240,19 @@ bool RdmaConnection::Send(const MessageWriter& message) {
     // Rendezvous: serialized straight into registered memory, which the peer will read
     // (Expose). The payload is never copied on either side.
     auto big = dev_->AcquireBulk(n);
-    if (!big.ok()) {
-      CloseWith(big.error().message);
-      return false;
+    if (big.ok()) {
+      out.big = std::move(big.value());
+      message.WriteTo(out.big.data());
+    } else {
+      // Registration failed, usually at the locked-memory limit: the message still goes, in
+      // chunks through the ring (below), as the peer accepts either way; slower, not lost.
+      WarnChunkedFallback(n, big.error().message);
     }
-    out.big = std::move(big.value());
-    message.WriteTo(out.big.data());
-  } else {
-    // No credit or no send-queue room (or, without memory windows, too big for one record:
-    // sent in chunks): keep a copy and send it in order as credits come back. Backpressure,
-    // never loss.
+  }
+  if (!out.big) {
+    // No credit or no send-queue room (or too big for one record, without memory windows or
+    // registered memory for it: sent in chunks): keep a copy and send it in order as credits
+    // come back. Backpressure, never loss.
     out.bytes.resize(n);
     if (n) message.WriteTo(out.bytes.data());  // an empty vector's data() may be null
   }
@@ -254,6 +260,23 @@ bool RdmaConnection::Send(const MessageWriter& message) {
   pending_.push_back(std::move(out));
   SendPending();
   return true;
+}
+
+void RdmaConnection::WarnChunkedFallback(size_t bytes, const std::string& why) {
+  // Once per 1,000 in the process: a sender at its limit would otherwise log every message.
+  static std::atomic<uint64_t> fallbacks{0};
+  if (fallbacks.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+    spdlog::warn("rdma: a {}-byte message goes through the ring in chunks, not by rendezvous: {}",
+                 bytes, why);
+  }
+}
+
+void RdmaConnection::WarnBounced(size_t bytes, size_t piece, const std::string& why) {
+  static std::atomic<uint64_t> bounced{0};  // once per 1,000 in the process, as above
+  if (bounced.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+    spdlog::warn("rdma: a {}-byte message is read in pieces of {} bytes and copied: {}", bytes,
+                 piece, why);
+  }
 }
 
 void RdmaConnection::CloseAfterSending(int limit_ms) {
@@ -353,8 +376,21 @@ void RdmaConnection::OnSendCompleted(const ibv_wc& wc) {
     e.state = Exposed::kFree;
   } else if (tag == kTagRead) {
     for (auto& f : fetches_) {
-      if (f.slot == slot) f.done = true;
+      if (f.slot != slot) continue;
+      if (f.copy) {  // a piece, through the bounce buffer
+        const auto piece =
+            static_cast<uint32_t>(std::min<size_t>(f.bytes - f.read, f.buf.capacity));
+        std::memcpy(f.copy.get() + f.read, f.buf.data(), piece);
+        f.read += piece;
+        if (f.read < f.bytes) {
+          PostRead(f);
+          break;
+        }
+      }
+      f.done = true;
+      break;
     }
+    if (handler_.closed()) return;
     Drain();
     if (handler_.closed()) return;
   }
@@ -435,29 +471,52 @@ void RdmaConnection::StartFetch(uint32_t total, const Rendezvous& where) {
       return;
     }
   }
-  auto buf = dev_->AcquireBulk(total);
-  if (!buf.ok()) {
-    CloseWith(buf.error().message);
-    return;
-  }
   Fetch f;
-  f.buf = std::move(buf.value());
   f.bytes = total;
   f.slot = slot;
+  f.addr = where.addr;
+  f.rkey = where.rkey;
+  auto buf = dev_->AcquireBulk(total);
+  if (buf.ok()) {
+    f.buf = std::move(buf.value());
+  } else {
+    // Registration failed, usually at the locked-memory limit: read the message in pieces
+    // through a smaller registered buffer, into one that needs no registration. Slower (a copy
+    // of every byte), but the message arrives and the connection stays.
+    for (const size_t piece : {kBounceBytes, kBulkMinBytes}) {
+      auto bounce = dev_->AcquireBulk(std::min<size_t>(total, piece));
+      if (bounce.ok()) {
+        f.buf = std::move(bounce.value());
+        break;
+      }
+    }
+    f.copy.reset(new (std::nothrow) std::byte[size_t(total) + kMessageSlopBytes]);
+    if (!f.buf || !f.copy) {
+      CloseWith(f.buf ? "out of memory for a large message" : buf.error().message);
+      return;
+    }
+    WarnBounced(total, f.buf.capacity, buf.error().message);
+  }
+  fetch_bytes_ += total;
+  fetches_.push_back(std::move(f));
+  PostRead(fetches_.back());
+}
+
+void RdmaConnection::PostRead(const Fetch& f) {
+  const uint32_t piece =
+      f.copy ? static_cast<uint32_t>(std::min<size_t>(f.bytes - f.read, f.buf.capacity)) : f.bytes;
   ibv_sge sge{};
   sge.addr = reinterpret_cast<uint64_t>(f.buf.data());
-  sge.length = total;
+  sge.length = piece;
   sge.lkey = f.buf.mr->lkey;
   ibv_send_wr wr{};
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_RDMA_READ;
-  wr.wr.rdma.remote_addr = where.addr;
-  wr.wr.rdma.rkey = where.rkey;
-  fetch_bytes_ += total;
-  fetches_.push_back(std::move(f));
+  wr.wr.rdma.remote_addr = f.addr + f.read;
+  wr.wr.rdma.rkey = f.rkey;
   // A peer whose window does not cover what it announced fails the read, and its connection.
-  PostSend(wr, /*signal=*/true, WrTag(kTagRead, slot));
+  PostSend(wr, /*signal=*/true, WrTag(kTagRead, f.slot));
 }
 
 void RdmaConnection::DeliverFetched() {
@@ -465,7 +524,8 @@ void RdmaConnection::DeliverFetched() {
   fetches_.pop_front();
   fetch_bytes_ -= f.bytes;
   if (PostWrite(0, 0, kImmFinBit | f.slot)) {
-    handler_.get()->OnMessage(std::span<const std::byte>(f.buf.data(), f.bytes));
+    const std::byte* data = f.copy ? f.copy.get() : f.buf.data();
+    handler_.get()->OnMessage(std::span<const std::byte>(data, f.bytes));
   }
   dev_->ReleaseBulk(std::move(f.buf));
 }

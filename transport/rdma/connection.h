@@ -200,6 +200,11 @@ class RdmaConnection final : public Connection,
   void OnRecord(uint64_t offset, uint32_t bytes);
 
   void CloseWith(std::string reason);
+  // Logs (rate-limited) that a large message is sent in chunks because registering memory for
+  // its rendezvous failed.
+  static void WarnChunkedFallback(size_t bytes, const std::string& why);
+  // The same for a large message received in pieces through a bounce buffer (StartFetch).
+  static void WarnBounced(size_t bytes, size_t piece, const std::string& why);
 
   Executor executor_;
   Options options_;
@@ -251,11 +256,19 @@ class RdmaConnection final : public Connection,
   size_t exposed_bytes_ = 0;
   // The peer's large messages being read, in arrival (delivery) order.
   struct Fetch {
+    // The message's buffer, or, when `copy` is set, a smaller bounce buffer read into piece by
+    // piece and copied out (a buffer for the whole message could not be registered).
     ThreadDevice::BulkBuffer buf;
+    std::unique_ptr<std::byte[]> copy;  // the whole message (plus kMessageSlopBytes)
+    uint64_t addr = 0;                  // the peer's window over the message
+    uint32_t rkey = 0;
     uint32_t bytes = 0;
+    uint32_t read = 0;  // bytes read so far
     uint32_t slot = 0;
     bool done = false;
   };
+  // Posts the fetch's next read: all of it, or (bounced) its next piece.
+  void PostRead(const Fetch& f);
   std::deque<Fetch> fetches_;
   uint64_t fetch_bytes_ = 0;
   RecordAssembler assembler_;  // records back into messages

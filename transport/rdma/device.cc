@@ -81,7 +81,7 @@ Expected<ThreadDevice::SendBuffer> ThreadDevice::AcquireSendBuffer() {
     if (!fresh->mem) return Error{"out of memory for send buffers"};
     fresh->mr.reset(
         ibv_reg_mr(pd_.get(), fresh->mem.get(), size_t(n) * kRingBytes, IBV_ACCESS_LOCAL_WRITE));
-    if (!fresh->mr) return Error{Errno("ibv_reg_mr (send slab)")};
+    if (!fresh->mr) return Error{RegisterErrno("ibv_reg_mr (send slab)")};
     fresh->all_free = n == 32 ? ~0u : (1u << n) - 1;
     fresh->free_mask = fresh->all_free;
     slab = fresh.get();
@@ -136,7 +136,7 @@ Expected<ThreadDevice::BulkBuffer> ThreadDevice::AcquireBulk(size_t bytes) {
   b.mem.reset(static_cast<std::byte*>(p));
   b.mr.reset(
       ibv_reg_mr(pd_.get(), p, cap, IBV_ACCESS_LOCAL_WRITE | (mw_type2_ ? IBV_ACCESS_MW_BIND : 0)));
-  if (!b.mr) return Error{Errno("ibv_reg_mr (large message)")};
+  if (!b.mr) return Error{RegisterErrno("ibv_reg_mr (large message)")};
   b.capacity = cap;
   return b;
 }

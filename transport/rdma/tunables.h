@@ -23,6 +23,10 @@ inline constexpr uint64_t kFetchAheadBytes = 8u << 20;
 // a steady stream of large messages registers nothing after warm-up).
 inline constexpr size_t kBulkMinBytes = 16u << 10;
 inline constexpr size_t kBulkCacheBytes = 64u << 20;
+// A receiver that cannot register a buffer for a whole large message (registration pins memory,
+// and a process without CAP_IPC_LOCK may pin only RLIMIT_MEMLOCK) reads it in pieces of this
+// size, or of kBulkMinBytes if even that fails, through a registered bounce buffer.
+inline constexpr size_t kBounceBytes = 1u << 20;
 // Send work requests kept free for control messages (credits, FINs, reads, invalidations):
 // data records and rendezvous stop short of them.
 inline constexpr uint32_t kControlReserve = 16;

@@ -80,4 +80,17 @@ inline std::string Errno(const char* what) {
   return std::string(what) + ": " + std::strerror(errno);
 }
 
+// The same for a failed ibv_reg_mr, with the usual cause named: registering pins the memory,
+// and a process without CAP_IPC_LOCK may pin no more than its RLIMIT_MEMLOCK (`ulimit -l`; a
+// few MiB by default on many distributions, where the kernel then says ENOMEM or EPERM).
+inline std::string RegisterErrno(const char* what) {
+  const int e = errno;
+  std::string m = Errno(what);
+  if (e == ENOMEM || e == EPERM) {
+    m += " (registering pins memory: is the locked-memory limit, `ulimit -l` or systemd's "
+         "LimitMEMLOCK, too low for RDMA?)";
+  }
+  return m;
+}
+
 }  // namespace rdmarpc::transport::rdma
