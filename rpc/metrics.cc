@@ -226,6 +226,14 @@ void RenderTransport(Writer& w) {
   w.Family("rdmarpc_rdma_credit_stalls_total", "counter",
            "Messages that found no ring credit or send-queue room and waited for it.");
   w.Sample("rdmarpc_rdma_credit_stalls_total", "", Get(v, Stat::kRdmaCreditStalls));
+  w.Family("rdmarpc_rdma_unregistered_messages_total", "counter",
+           "Large messages whose buffer could not be registered (usually the locked-memory "
+           "limit, ulimit -l): sent in chunks through the ring instead of by rendezvous, or "
+           "received by reading them in pieces through a smaller registered buffer.");
+  w.Sample("rdmarpc_rdma_unregistered_messages_total", "direction=\"sent\"",
+           Get(v, Stat::kRdmaUnregisteredSent));
+  w.Sample("rdmarpc_rdma_unregistered_messages_total", "direction=\"received\"",
+           Get(v, Stat::kRdmaUnregisteredReceived));
   w.Family("rdmarpc_rdma_cq_polls_total", "counter", "ibv_poll_cq calls.");
   w.Sample("rdmarpc_rdma_cq_polls_total", "", Get(v, Stat::kRdmaCqPolls));
   w.Family("rdmarpc_rdma_completions_total", "counter", "RDMA work completions taken.");

@@ -29,6 +29,7 @@
 #include "test/test_util.h"
 #include "transport/handshake.h"
 #include "transport/rdma/ring.h"
+#include "transport/stats.h"
 #include "transport/uri.h"
 
 using namespace rdmarpc;
@@ -953,6 +954,11 @@ TEST_CASE("(started by the case below) echoes under a locked-memory limit", "[.m
     REQUIRE(r.ok());
     REQUIRE(r->payload() == payload);
   }
+  // Both 4 MiB echoes went out in chunks and came back in pieces, and the process says so (the
+  // series rdmarpc_rdma_unregistered_messages_total).
+  const transport::StatValues stats = transport::Snapshot();
+  CHECK(transport::Get(stats, transport::Stat::kRdmaUnregisteredSent) == 2);
+  CHECK(transport::Get(stats, transport::Stat::kRdmaUnregisteredReceived) == 2);
   std::printf("memlock client: every echo came back whole\n");
   std::fflush(stdout);
 }

@@ -33,6 +33,11 @@ enum class Stat : int {
   kRdmaBusyPollNanos,  // time spent busy-polling (Options::busy_poll)
   kRdmaSpinNanos,      // time spent in the adaptive polling window (Options::poll_spin_us)
   kRdmaSleepNanos,     // time spent waiting on the completion channel
+  // Large messages whose buffer could not be registered (usually the locked-memory limit):
+  // sent in chunks through the ring instead of by rendezvous, or read in pieces through a
+  // bounce buffer.
+  kRdmaUnregisteredSent,
+  kRdmaUnregisteredReceived,
   // Listeners (TCP and RDMA): new connections turned away, and set-ups given up.
   kRefusedLimit,        // busy: the server's max_connections or max_connections_per_peer
   kRefusedHandshakes,   // turned away at twice Options::max_handshakes

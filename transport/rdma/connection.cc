@@ -246,6 +246,7 @@ bool RdmaConnection::Send(const MessageWriter& message) {
     } else {
       // Registration failed, usually at the locked-memory limit: the message still goes, in
       // chunks through the ring (below), as the peer accepts either way; slower, not lost.
+      Count(Stat::kRdmaUnregisteredSent);
       WarnChunkedFallback(n, big.error().message);
     }
   }
@@ -495,6 +496,7 @@ void RdmaConnection::StartFetch(uint32_t total, const Rendezvous& where) {
       CloseWith(f.buf ? "out of memory for a large message" : buf.error().message);
       return;
     }
+    Count(Stat::kRdmaUnregisteredReceived);
     WarnBounced(total, f.buf.capacity, buf.error().message);
   }
   fetch_bytes_ += total;
