@@ -331,17 +331,43 @@ TEST_CASE("what connections hold is counted server-wide, and given back when the
     req.set_payload(std::string(1 << 20, 'e'));
     return FrameBytes(h, req.SerializeAsString());
   };
-  std::vector<int> fds;
-  for (int c = 0; c < 3; ++c) {
-    fds.push_back(RawClient(PortOf(ts.uri)));
-    // 1 MiB echo requests whose replies are never read: held until this client reads.
-    uint64_t i = 0;
-    Flood(fds.back(), 300ms, [&] { return request(++i); });
+  // Three clients send 1 MiB echo requests whose replies they never read: held until they read.
+  // The kernel's socket buffers take the first several MiB of replies, so each client sends in
+  // turns until the server holds more than 3 MiB (on a loaded machine, or under TSan, 300 ms
+  // each was not always enough). A turn that ends mid-request finishes it in the next one.
+  struct Client {
+    int fd;
+    uint64_t id = 0;
+    std::string frame;
+    size_t at = 0;
+  };
+  std::vector<Client> clients;
+  for (int c = 0; c < 3; ++c) clients.push_back({RawClient(PortOf(ts.uri))});
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (ts.server.buffered_bytes() <= 3 << 20 && std::chrono::steady_clock::now() < give_up) {
+    for (Client& c : clients) {
+      const auto turn = std::chrono::steady_clock::now() + 200ms;
+      while (std::chrono::steady_clock::now() < turn) {
+        if (c.at == c.frame.size()) {
+          c.frame = request(++c.id);
+          c.at = 0;
+        }
+        const ssize_t n = send(c.fd, c.frame.data() + c.at, c.frame.size() - c.at, MSG_NOSIGNAL);
+        if (n > 0) {
+          c.at += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EAGAIN) {
+          pollfd p{c.fd, POLLOUT, 0};
+          poll(&p, 1, 50);
+        } else {
+          break;
+        }
+      }
+    }
   }
   // rdmarpc_server_buffered_bytes: at least a reply per client, at most each one's budget.
   CHECK(Eventually([&] { return ts.server.buffered_bytes() > 3 << 20; }, 5000ms));
   CHECK(ts.server.buffered_bytes() <= 3 * (int64_t{16} << 20) + (3 << 20));
-  for (int fd : fds) close(fd);
+  for (const Client& c : clients) close(c.fd);
   CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 5000ms));
 }
 
