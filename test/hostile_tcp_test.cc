@@ -138,22 +138,29 @@ std::string SayRequest(uint64_t id, uint32_t method, size_t payload) {
   return FrameBytes(h, req.SerializeAsString());
 }
 
+// A frame being written and how much of it the kernel has taken, kept between Flood calls on
+// one connection so that a flood in turns never leaves a frame half-written.
+struct FloodState {
+  std::string frame;
+  size_t at = 0;
+};
+
 // Writes `unit()` over and over for `duration` without ever reading; returns the bytes the
-// kernel took (it stops taking them when the server stops reading).
+// kernel took (it stops taking them when the server stops reading). With `state`, a frame left
+// part-written is finished by the next call first.
 template <class Unit>
-size_t Flood(int fd, std::chrono::milliseconds duration, Unit unit) {
+size_t Flood(int fd, std::chrono::milliseconds duration, Unit unit, FloodState& state) {
   const auto until = std::chrono::steady_clock::now() + duration;
   size_t sent = 0;
-  std::string buf;
-  size_t at = 0;
   while (std::chrono::steady_clock::now() < until) {
-    if (at == buf.size()) {
-      buf = unit();
-      at = 0;
+    if (state.at == state.frame.size()) {
+      state.frame = unit();
+      state.at = 0;
     }
-    ssize_t n = send(fd, buf.data() + at, buf.size() - at, MSG_NOSIGNAL);
+    ssize_t n =
+        send(fd, state.frame.data() + state.at, state.frame.size() - state.at, MSG_NOSIGNAL);
     if (n > 0) {
-      at += n;
+      state.at += n;
       sent += n;
     } else if (n < 0 && errno == EAGAIN) {
       pollfd p{fd, POLLOUT, 0};
@@ -163,6 +170,11 @@ size_t Flood(int fd, std::chrono::milliseconds duration, Unit unit) {
     }
   }
   return sent;
+}
+template <class Unit>
+size_t Flood(int fd, std::chrono::milliseconds duration, Unit unit) {
+  FloodState state;
+  return Flood(fd, duration, unit, state);
 }
 
 uint16_t PortOf(const std::string& uri) {
@@ -338,31 +350,15 @@ TEST_CASE("what connections hold is counted server-wide, and given back when the
   struct Client {
     int fd;
     uint64_t id = 0;
-    std::string frame;
-    size_t at = 0;
+    FloodState flood;
   };
   std::vector<Client> clients;
   for (int c = 0; c < 3; ++c) clients.push_back({RawClient(PortOf(ts.uri))});
   const auto give_up = std::chrono::steady_clock::now() + 20s;
   while (ts.server.buffered_bytes() <= 3 << 20 && std::chrono::steady_clock::now() < give_up) {
-    for (Client& c : clients) {
-      const auto turn = std::chrono::steady_clock::now() + 200ms;
-      while (std::chrono::steady_clock::now() < turn) {
-        if (c.at == c.frame.size()) {
-          c.frame = request(++c.id);
-          c.at = 0;
-        }
-        const ssize_t n = send(c.fd, c.frame.data() + c.at, c.frame.size() - c.at, MSG_NOSIGNAL);
-        if (n > 0) {
-          c.at += static_cast<size_t>(n);
-        } else if (n < 0 && errno == EAGAIN) {
-          pollfd p{c.fd, POLLOUT, 0};
-          poll(&p, 1, 50);
-        } else {
-          break;
-        }
-      }
-    }
+    for (Client& c : clients)
+      Flood(
+          c.fd, 200ms, [&] { return request(++c.id); }, c.flood);
   }
   // rdmarpc_server_buffered_bytes: at least a reply per client, at most each one's budget.
   CHECK(Eventually([&] { return ts.server.buffered_bytes() > 3 << 20; }, 5000ms));

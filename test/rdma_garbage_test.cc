@@ -894,6 +894,19 @@ bool HasIpcLock() {
   }
   return true;
 }
+
+// An echo of `bytes` patterned bytes (a slice out of place shows), checked whole.
+void EchoWhole(TestService::BlockingStub& stub, size_t bytes) {
+  INFO(bytes << " bytes, pinned now " << PinnedKiB() << " KiB");
+  EchoRequest req;
+  std::string payload(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<char>(i * 131 + (i >> 12));
+  req.set_payload(payload);
+  auto r = stub.Echo(req, {.timeout = 120s});
+  INFO((r.ok() ? std::string("OK") : r.status().ToString()));
+  REQUIRE(r.ok());
+  REQUIRE(r->payload() == payload);
+}
 }  // namespace
 
 // Hidden: rdma_vm_test runs it on its own, as root without CAP_IPC_LOCK and under a locked-memory
@@ -919,15 +932,7 @@ TEST_CASE("under a locked-memory limit, a message too large to register still go
   // either side, so the client's request and the server's reply both go in chunks. Then a
   // small call on the same connection.
   for (const size_t bytes : {size_t(64) << 10, big, size_t(100)}) {
-    INFO(bytes << " bytes, pinned now " << PinnedKiB() << " KiB");
-    EchoRequest req;
-    std::string payload(bytes, '\0');
-    for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<char>(i * 131 + (i >> 12));
-    req.set_payload(payload);
-    auto r = stub.Echo(req, {.timeout = 120s});
-    INFO((r.ok() ? std::string("OK") : r.status().ToString()));
-    REQUIRE(r.ok());
-    CHECK(r->payload() == payload);
+    EchoWhole(stub, bytes);
   }
   CHECK(ts.server.connections() == 1);
 }
@@ -944,15 +949,7 @@ TEST_CASE("(started by the case below) echoes under a locked-memory limit", "[.m
   REQUIRE(ch.ok());
   TestService::BlockingStub stub(*ch);
   for (const size_t bytes : {size_t(64) << 10, size_t(4) << 20, size_t(4) << 20, size_t(100)}) {
-    INFO(bytes << " bytes, pinned now " << PinnedKiB() << " KiB");
-    EchoRequest req;
-    std::string payload(bytes, '\0');
-    for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<char>(i * 131 + (i >> 12));
-    req.set_payload(payload);
-    auto r = stub.Echo(req, {.timeout = 120s});
-    INFO((r.ok() ? std::string("OK") : r.status().ToString()));
-    REQUIRE(r.ok());
-    REQUIRE(r->payload() == payload);
+    EchoWhole(stub, bytes);
   }
   // Both 4 MiB echoes went out in chunks and came back in pieces, and the process says so (the
   // series rdmarpc_rdma_unregistered_messages_total).

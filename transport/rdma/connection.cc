@@ -379,8 +379,7 @@ void RdmaConnection::OnSendCompleted(const ibv_wc& wc) {
     for (auto& f : fetches_) {
       if (f.slot != slot) continue;
       if (f.copy) {  // a piece, through the bounce buffer
-        const auto piece =
-            static_cast<uint32_t>(std::min<size_t>(f.bytes - f.read, f.buf.capacity));
+        const uint32_t piece = f.Piece();
         std::memcpy(f.copy.get() + f.read, f.buf.data(), piece);
         f.read += piece;
         if (f.read < f.bytes) {
@@ -505,11 +504,9 @@ void RdmaConnection::StartFetch(uint32_t total, const Rendezvous& where) {
 }
 
 void RdmaConnection::PostRead(const Fetch& f) {
-  const uint32_t piece =
-      f.copy ? static_cast<uint32_t>(std::min<size_t>(f.bytes - f.read, f.buf.capacity)) : f.bytes;
   ibv_sge sge{};
   sge.addr = reinterpret_cast<uint64_t>(f.buf.data());
-  sge.length = piece;
+  sge.length = f.Piece();
   sge.lkey = f.buf.mr->lkey;
   ibv_send_wr wr{};
   wr.sg_list = &sge;

@@ -266,6 +266,10 @@ class RdmaConnection final : public Connection,
     uint32_t read = 0;  // bytes read so far
     uint32_t slot = 0;
     bool done = false;
+    // What the next read takes: all of the message, or (bounced) its next piece.
+    uint32_t Piece() const {
+      return copy ? static_cast<uint32_t>(std::min<size_t>(bytes - read, buf.capacity)) : bytes;
+    }
   };
   // Posts the fetch's next read: all of it, or (bounced) its next piece.
   void PostRead(const Fetch& f);
