@@ -809,9 +809,9 @@ TEST_CASE(
         "+%ld KiB\n",
         wave, accepted, 4 * kMax, pinned_peak);
     CHECK(accepted == 4 * kMax);
-    // Each set-up pins its receive ring and a send buffer (32 KiB each; send buffers come in
-    // slabs of up to 8, so up to one slab more). A set-up that gives up goes a moment later,
-    // so allow two over the bound.
+    // Each set-up pins its receive ring (32 KiB; a send buffer as well once it sends, and send
+    // buffers come in slabs of up to 8, so up to one slab more). A set-up that gives up goes a
+    // moment later, so allow two over the bound.
     CHECK(pinned_peak <= (kMax + 2) * 64 + 256);
     // A real client completes its exchange at once: it gets in while the half-open requests
     // go on, and the connected one is still served.
@@ -881,6 +881,57 @@ TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][
   // 256 KiB) the server thread keeps one empty slab for the next connections.
   CHECK(pinned_after[0] <= 256);
   CHECK(pinned_after[1] <= 256);
+}
+
+TEST_CASE("an idle connection gives its send buffer back, and takes one again to send",
+          "[rdma][memory]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  auto first = Channel::ConnectBlocking(ts.uri);  // the server thread's device state is made
+  REQUIRE(first.ok());
+  const long pinned_start = PinnedKiB();
+  constexpr int kClients = 16;
+  std::vector<std::shared_ptr<Channel>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    auto c = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(c.ok());
+    clients.push_back(*c);
+  }
+  auto call_each = [&](size_t bytes) {
+    EchoRequest req;
+    req.set_payload(std::string(bytes, 'r'));
+    for (auto& c : clients) {
+      auto r = TestService::BlockingStub(c).Echo(req, {.timeout = 30s});
+      INFO((r.ok() ? std::string("OK") : r.status().ToString()));
+      REQUIRE(r.ok());
+      REQUIRE(r->payload() == req.payload());
+    }
+  };
+  call_each(100);
+  // Both ends of each connection are in this process: two rings and two send buffers, 32 KiB
+  // each (the buffers' slabs may hold a few spare).
+  const long busy = PinnedKiB() - pinned_start;
+  CHECK(busy >= kClients * 4 * 32);
+  // Quiet for a sweep period or two (kStagingSweepMs): every send buffer goes back, and the
+  // slabs with them, but for one empty slab each thread keeps: each client's thread its first,
+  // of one buffer (a client channel has an I/O thread of its own), and the server's thread one
+  // of at most 8 buffers, 256 KiB. Held for good, the buffers would keep at least
+  // kClients * 4 * 32 KiB pinned.
+  const bool settled =
+      Eventually([&] { return PinnedKiB() - pinned_start <= kClients * 3 * 32 + 256; }, 20000ms);
+  const long idle = PinnedKiB() - pinned_start;
+  std::printf("%d rdma connections, both ends: pinned +%ld KiB after a call, +%ld KiB idle\n",
+              kClients, busy, idle);
+  CHECK(settled);
+  // Sending again takes a buffer again, for small messages and for large ones (a rendezvous
+  // record goes through the buffer too), on every connection.
+  call_each(100);
+  CHECK(PinnedKiB() - pinned_start >= kClients * 3 * 32);
+  call_each(200 << 10);
+  CHECK(TestService::BlockingStub(*first).Echo(EchoRequest(), {.timeout = 10s}).ok());
+  CHECK(ts.server.connections() == kClients + 1);
 }
 
 namespace {

@@ -82,6 +82,10 @@ constexpr char kUsage[] =
     "  --hold S             with --idle-connections: keep them open S seconds after the\n"
     "                       report (e.g. to measure an idle server's CPU)\n"
     "  --connect-window K   with --idle-connections: open up to K at a time (default 16)\n"
+    "  --idle-settle S      with --idle-connections: after the calls, wait until both sides'\n"
+    "                       pinned memory stops falling (idle connections give their send\n"
+    "                       buffers back), at most S seconds (default 60), and report that;\n"
+    "                       0: report right after the calls\n"
     "  --verify             make every request unique and check its reply is its own echo;\n"
     "                       report mismatches and client/server RSS at start and end\n"
     "  --no-latency         do not time each call (no clock reads, no histogram): for\n"
@@ -481,7 +485,7 @@ int RunUpload(const ClientConfig& cfg) {
   return ReportStream(cfg, o, /*upload=*/true);
 }
 
-int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
+int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window, long settle_s) {
   Shared shared;
   Worker w;
   auto guard = asio::make_work_guard(w.ioc);
@@ -523,8 +527,31 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
     }
     co_return bad;
   });
-  const uint64_t rss_after = RssBytes(), pinned_after = PinnedBytes();
+  uint64_t rss_after = RssBytes(), pinned_after = PinnedBytes();
   if (!stats(after)) return finish(1);
+  const uint64_t client_busy_pin = pinned_after, server_busy_pin = after.pinned_bytes();
+  // Idle: a connection that sends nothing for a while gives its send buffer back (RDMA:
+  // transport/rdma/tunables.h, kStagingSweepMs). Wait until neither side's pinned memory has
+  // moved for 3 s. The Stats calls keep the first connection busy, as it was for `before`.
+  // (TCP connections pin nothing and keep their buffers: no wait.)
+  double settled_s = 0;
+  if (settle_s > 0 && cfg.target.rfind("rdma://", 0) == 0) {
+    const auto start = Clock::now(), end = start + std::chrono::seconds(settle_s);
+    auto last_change = start;
+    while (Clock::now() < end && Clock::now() - last_change < std::chrono::seconds(3)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      rdmarpc::bench::StatsReply now;
+      if (!stats(now)) return finish(1);
+      const uint64_t pinned_now = PinnedBytes();
+      if (pinned_now != pinned_after || now.pinned_bytes() != after.pinned_bytes()) {
+        last_change = Clock::now();
+      }
+      pinned_after = pinned_now;
+      after = now;
+    }
+    rss_after = RssBytes();
+    settled_s = std::chrono::duration<double>(last_change - start).count();
+  }
   const long opened = static_cast<long>(w.channels.size()) - 1;
   const double client_per = opened ? (double(rss_after) - double(rss_before)) / opened : 0;
   const double server_per =
@@ -532,6 +559,10 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
   const double client_pin = opened ? (double(pinned_after) - double(pinned_before)) / opened : 0;
   const double server_pin =
       opened ? (double(after.pinned_bytes()) - double(before.pinned_bytes())) / opened : 0;
+  const double client_busy =
+      opened ? (double(client_busy_pin) - double(pinned_before)) / opened : 0;
+  const double server_busy =
+      opened ? (double(server_busy_pin) - double(before.pinned_bytes())) / opened : 0;
   if (cfg.json) {
     std::cout << "{\"target\":\"" << JsonText(cfg.target) << "\",\"idle_connections_asked\":" << n
               << ",\"opened\":" << opened << ",\"failed_calls\":" << failed
@@ -539,6 +570,9 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
               << ",\"server_bytes_per_connection\":" << Fixed(server_per, 0)
               << ",\"client_pinned_per_connection\":" << Fixed(client_pin, 0)
               << ",\"server_pinned_per_connection\":" << Fixed(server_pin, 0)
+              << ",\"client_pinned_per_connection_after_call\":" << Fixed(client_busy, 0)
+              << ",\"server_pinned_per_connection_after_call\":" << Fixed(server_busy, 0)
+              << ",\"settled_after_s\":" << Fixed(settled_s, 1)
               << ",\"server_pinned_bytes\":" << after.pinned_bytes() << ",\"error\":\""
               << JsonText(w.error) << "\"}" << std::endl;
   } else {
@@ -547,7 +581,10 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window) {
               << "client RSS per connection: " << Fixed(client_per / 1024, 1) << " KiB\n"
               << "server RSS per connection: " << Fixed(server_per / 1024, 1) << " KiB\n"
               << "client pinned per connection: " << Fixed(client_pin / 1024, 1) << " KiB\n"
-              << "server pinned per connection: " << Fixed(server_pin / 1024, 1) << " KiB\n";
+              << "server pinned per connection: " << Fixed(server_pin / 1024, 1) << " KiB\n"
+              << "right after the calls: client pinned " << Fixed(client_busy / 1024, 1)
+              << " KiB, server pinned " << Fixed(server_busy / 1024, 1) << " KiB per connection"
+              << (settled_s > 0 ? "; settled after " + Fixed(settled_s, 1) + " s" : "") << "\n";
   }
   std::this_thread::sleep_for(std::chrono::seconds(hold_s));
   return finish(opened == n && failed == 0 ? 0 : 1);
@@ -688,10 +725,10 @@ int main(int argc, char** argv) {
                                      {"warmup", true},           {"connect-timeout-ms", true},
                                      {"idle-connections", true}, {"hold", true},
                                      {"connect-window", true},   {"json", false},
-                                     {"quiet", false},           {"verify", false},
-                                     {"stream", false},          {"upload", false},
-                                     {"metrics", false},         {"no-latency", false},
-                                     {"timeout-ms", true}}));
+                                     {"idle-settle", true},      {"quiet", false},
+                                     {"verify", false},          {"stream", false},
+                                     {"upload", false},          {"metrics", false},
+                                     {"no-latency", false},      {"timeout-ms", true}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -721,6 +758,7 @@ int main(int argc, char** argv) {
   const long idle = flags.get_int("idle-connections", 0, 0, 1000000);
   const long hold_s = flags.get_int("hold", 0, 0, 86400);
   const long connect_window = flags.get_int("connect-window", 16, 1, 100000);
+  const long idle_settle = flags.get_int("idle-settle", 60, 0, 3600);
   std::string bad = flags.error();
   if (bad.empty() && !flags.has("server") && cfg.target.empty()) bad = "give --server or --target";
   if (bad.empty() && cfg.verify &&
@@ -735,7 +773,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (flags.has("server")) return RunServer(flags, cfg.threads);
-  if (idle > 0) return RunIdle(cfg, idle, hold_s, connect_window);
+  if (idle > 0) return RunIdle(cfg, idle, hold_s, connect_window, idle_settle);
   if (flags.has("stream")) return RunStream(cfg);
   if (flags.has("upload")) return RunUpload(cfg);
   return RunClient(cfg);

@@ -624,11 +624,18 @@ def main():
                 for r in sorted(idle_ok, key=lambda r: r["opened"])]
         met = all(p * n <= 65536 * n + slab_tail for n, p in pins)
         each = ", ".join(f"{p / 1024:.1f} KiB at {n:,}" for n, p in pins)
+        if all("client_pinned_per_connection_after_call" in r for r in idle_ok):
+            busy = ", ".join(
+                f"{max(r['server_pinned_per_connection_after_call'], r['client_pinned_per_connection_after_call']) / 1024:.1f}"
+                for r in sorted(idle_ok, key=lambda r: r["opened"]))
+            how = (f"connections, idle (once their send buffers went back, 1-2 s after the last "
+                   f"record; right after their one call: {busy} KiB)")
+        else:
+            how = (f"connections; what is above 64 KiB per connection comes to at most about "
+                   f"{max(p * n - 65536 * n for n, p in pins) / 1024:.0f} KiB per side in all: spare "
+                   f"buffers of the thread's last staging slab, up to 224 KiB per thread, see below")
         w(f"| RDMA (VM): at most 64 KiB pinned per idle connection (VmPin, each side) | {each} "
-          f"connections; what is above 64 KiB per connection comes to at most about "
-          f"{max(p * n - 65536 * n for n, p in pins) / 1024:.0f} KiB per side in all: spare "
-          f"buffers of the thread's last staging slab, up to 224 KiB per thread, see below | "
-          f"{'yes' if met else 'no'} |")
+          f"{how} | {'yes' if met else 'no'} |")
         most = max(r["opened"] for r in idle_ok)
         w(f"| RDMA (VM): one server holds at least 10,000 connections | {most:,} | {'yes' if most >= 10000 else 'no'} |")
     wl4, bp4 = perf.get(("ib_write_lat", 4096)), ours.get(("busy-poll", 4096))
@@ -853,34 +860,55 @@ def main():
         w("")
     idle = [r["result"] for r in rdma if r.get("test") == "idle"]
     if idle:
+        lazy = all("client_pinned_per_connection_after_call" in r for r in idle)
         w("Memory per idle RDMA connection (`rdmarpc_bench --idle-connections N`, one client "
           "process and one server process in the same guest: memory before and after opening N "
-          "connections and making one call on each; pinned = VmPin, what RDMA registration holds "
-          "in place; resident = VmRSS):")
+          "connections and making one call on each"
+          + (", measured once both sides' pinned memory has stopped falling for 3 s -- idle "
+             "connections give their send buffers back -- and, for pinned memory, right after "
+             "the calls as well" if lazy else "")
+          + "; pinned = VmPin, what RDMA registration holds in place; resident = VmRSS):")
         w("")
         w("| connections | opened | client pinned KiB / conn | server pinned KiB / conn | "
+          "right after the call: client / server pinned KiB / conn | settled after (s) | "
           "client resident KiB / conn | server resident KiB / conn | server survived | note |")
-        w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         alive = [x.get("server_alive", "yes") for x in rdma if x.get("test") == "idle"]
         for r, a in zip(idle, alive):
             pin_c = r.get("client_pinned_per_connection")
             pin_s = r.get("server_pinned_per_connection")
+            busy_c = r.get("client_pinned_per_connection_after_call")
+            busy_s = r.get("server_pinned_per_connection_after_call")
+            busy = "" if busy_c is None else f"{busy_c / 1024:.1f} / {busy_s / 1024:.1f}"
+            settled = r.get("settled_after_s")
             w(f"| {r['idle_connections_asked']:,} | {r['opened']:,} | "
               f"{'' if pin_c is None else f'{pin_c / 1024:.1f}'} | "
-              f"{'' if pin_s is None else f'{pin_s / 1024:.1f}'} | "
+              f"{'' if pin_s is None else f'{pin_s / 1024:.1f}'} | {busy} | "
+              f"{'' if settled is None else f'{settled:.1f}'} | "
               f"{r['client_bytes_per_connection'] / 1024:.0f} | "
               f"{r['server_bytes_per_connection'] / 1024:.0f} | {a} | {r.get('error', '')} |")
         w("")
         held = max((r["opened"] for r, a in zip(idle, alive)
                     if r["opened"] == r["idle_connections_asked"] and a == "yes"), default=0)
-        w("Each RDMA connection pins a 32 KiB receive ring and a 32 KiB send staging buffer "
+        w(("Each RDMA connection pins a 32 KiB receive ring, and while it sends a 32 KiB send "
+          "staging buffer, which it gives back once it has written nothing for one to two "
+          "seconds (since 2026-12-06, thirty-seventh session: before, every connection held "
+          "its buffer for good, 64 KiB per idle connection; large messages go by rendezvous "
+          "from a per-thread registration cache, see docs/PROTOCOL.md). Staging buffers are "
+          "registered in slabs (1, 2, 4, then 8 buffers per slab, per I/O thread), so a figure "
+          "right after the calls can include up to 7 buffers of the thread's last slab not "
+          "handed out yet (at most 224 KiB per thread, divided here by N), and an idle one the "
+          "one empty slab a thread keeps. "
+           if lazy else
+"Each RDMA connection pins a 32 KiB receive ring and a 32 KiB send staging buffer "
           "(large messages go by rendezvous from a per-thread registration cache, see "
           "docs/PROTOCOL.md). Staging buffers are registered in slabs (1, 2, 4, then 8 buffers "
           "per slab, per I/O thread), so a figure above can include up to 7 buffers of the "
           "thread's last slab not handed out yet: at most 224 KiB per thread, divided here by "
           "N (e.g. 2 spare buffers after 1 + 100 connections are 0.6 KiB per connection). "
           "The spare buffers before the first measurement count too, so a row can move by up "
-          "to that much between runs. The resident figure is larger than the pinned one: most of the "
+          "to that much between runs. ")
+          + "The resident figure is larger than the pinned one: most of the "
           "rest is the queue pair's send queue (256 work requests) and its share of the "
           "completion queues, which rxe allocates in the kernel and maps into the process. The "
           f"most one server held here, with its client in the same guest: {held:,} connections "

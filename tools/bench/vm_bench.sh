@@ -102,7 +102,7 @@ for mode in busy-poll adaptive events; do
     done
   done
   $bin/rdmarpc_bench --target "rdma://$addr:7490" "${flags[@]}" --idle-connections 1 --hold 13 \
-    --json >/dev/null 2>&1 &
+    --idle-settle 0 --json >/dev/null 2>&1 &
   client=$!
   sleep 2
   cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }

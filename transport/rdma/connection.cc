@@ -90,9 +90,6 @@ Expected<void> RdmaConnection::Setup() {
   // end is followed by readable bytes too (transport.h).
   recv_buf_ = AllocAligned(kRingBytes + kMessageSlopBytes);
   if (!recv_buf_) return Error{"out of memory for the receive ring"};
-  auto send = dev_->AcquireSendBuffer();
-  if (!send.ok()) return send.error();
-  send_ = send.value();
   // The receive ring is the only memory the peer may touch, and only to write. All connections
   // of a thread share one protection domain (their SRQ and send slabs need it), so an MR's
   // own rkey would let any of them write into any ring: instead the MR grants no remote
@@ -225,6 +222,7 @@ bool RdmaConnection::Send(const MessageWriter& message) {
   if (n > options_.max_message_bytes) return false;
   const bool fits_record = n + kRecordHeaderBytes <= send_ring_.max_record_bytes();
   if (pending_.empty() && fits_record && CanPost()) {
+    if (!HaveStaging()) return false;
     if (auto at = ReserveRecord(static_cast<uint32_t>(n + kRecordHeaderBytes))) {
       std::byte* rec = send_.data + *at;
       StoreRecordHeader(rec, static_cast<uint32_t>(n), kRecordData);
@@ -261,6 +259,35 @@ bool RdmaConnection::Send(const MessageWriter& message) {
   pending_.push_back(std::move(out));
   SendPending();
   return true;
+}
+
+bool RdmaConnection::AcquireStaging() {
+  auto b = dev_->AcquireSendBuffer();
+  if (!b.ok()) {
+    CloseWith("no send staging buffer: " + b.error().message);
+    return false;
+  }
+  send_ = b.value();
+  write_sge_.lkey = send_.lkey;
+  return true;
+}
+
+void RdmaConnection::OnSweep() {
+  if (!send_.data) return;
+  if (std::exchange(wrote_since_sweep_, false)) return;  // busy: keep it
+  if (handler_.closed() || closing_ || !pending_.empty()) return;
+  if (send_unretired_ == 0) {
+    // Every write that read the buffer has completed: nothing on the send queue reads it again.
+    dev_->ReleaseSendBuffer(std::exchange(send_, {}));
+    return;
+  }
+  // Unsignaled writes may still be on the send queue. A signaled no-op (a credit of 0 bytes,
+  // as MaybeFinishClosing posts) retires them all when it completes; the next sweep then
+  // returns the buffer.
+  if (!retire_posted_ && CanPost()) {
+    retire_posted_ = true;
+    PostWrite(0, 0, kImmCreditBit, /*signal=*/true);
+  }
 }
 
 void RdmaConnection::WarnChunkedFallback(size_t bytes, const std::string& why) {
@@ -366,6 +393,7 @@ void RdmaConnection::Hold(const ibv_wc& wc) {
 void RdmaConnection::OnSendCompleted(const ibv_wc& wc) {
   // A signaled send: it and everything before it has left the send queue.
   const size_t queued_before = queued_send_bytes();
+  retire_posted_ = false;
   send_unretired_ -= static_cast<uint32_t>(wc.wr_id);
   const uint64_t tag = (wc.wr_id >> 32) & 0xff;
   const uint32_t slot = static_cast<uint32_t>(wc.wr_id >> 40) & 0xff;
@@ -628,6 +656,7 @@ bool RdmaConnection::PostSend(ibv_send_wr& wr, bool signal, uint64_t tag) {
 
 void RdmaConnection::SendPending() {
   while (!pending_.empty() && !handler_.closed() && CanPost()) {
+    if (!HaveStaging()) return;
     Outgoing& o = pending_.front();
     if (o.big) {
       if (!Expose(o)) return;  // waits for a free slot or credit

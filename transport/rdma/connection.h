@@ -121,6 +121,9 @@ class RdmaConnection final : public Connection,
 
   // --- completions -----------------------------------------------------------------------------
   void OnCompletion(const ibv_wc& wc) override;
+  // Returns the send staging buffer once this connection has written nothing for a sweep
+  // period and every write that used it has completed (see kStagingSweepMs).
+  void OnSweep() override;
 
   void Process(const ibv_wc& wc);
 
@@ -192,8 +195,19 @@ class RdmaConnection final : public Connection,
   bool PostSend(ibv_send_wr& wr, bool signal = false, uint64_t tag = 0);
 
   void PostRecord(uint32_t offset, uint32_t bytes) {
+    wrote_since_sweep_ = true;
     PostWrite(offset, bytes, offset / kRecordAlignBytes);
   }
+
+  // Whether the send staging buffer is here, taking one from the thread if not (the first
+  // record, or the first after a quiet spell gave it back). False: none could be had, and the
+  // connection is closed, saying why.
+  bool HaveStaging() {
+    if (send_.data) [[likely]]
+      return true;
+    return AcquireStaging();
+  }
+  [[gnu::noinline]] bool AcquireStaging();
 
   void SendPending();
 
@@ -215,8 +229,13 @@ class RdmaConnection final : public Connection,
   AlignedBuffer recv_buf_;
   Mr recv_mr_;
   Mw recv_mw_;  // deallocated first of all (see the destructor), before the MR it windows
-  uint32_t ring_rkey_ = 0;         // what the peer writes with: the window's, or the MR's
-  ThreadDevice::SendBuffer send_;  // from dev_'s slabs; returned in the destructor
+  uint32_t ring_rkey_ = 0;  // what the peer writes with: the window's, or the MR's
+  // From dev_'s slabs while this connection sends (HaveStaging); returned when it has been quiet
+  // (OnSweep) or in the destructor. Records sit at the offsets they take in the peer's ring, so
+  // any buffer of the size will do after a quiet spell.
+  ThreadDevice::SendBuffer send_;
+  bool wrote_since_sweep_ = false;  // a record was posted since the last OnSweep
+  bool retire_posted_ = false;      // OnSweep's signaled no-op is on its way
   EventChannel events_;
   boost::asio::posix::stream_descriptor event_fd_;
   CmId id_;

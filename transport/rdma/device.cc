@@ -89,10 +89,13 @@ Expected<ThreadDevice::SendBuffer> ThreadDevice::AcquireSendBuffer() {
   }
   const int i = std::countr_zero(slab->free_mask);
   slab->free_mask &= ~(1u << i);
+  ++staged_;
+  StartSweeps();
   return SendBuffer{slab->mem.get() + size_t(i) * kRingBytes, slab->mr->lkey, slab};
 }
 
 void ThreadDevice::ReleaseSendBuffer(SendBuffer b) {
+  --staged_;
   Slab* slab = b.slab;
   const auto i = static_cast<uint32_t>((b.data - slab->mem.get()) / kRingBytes);
   slab->free_mask |= 1u << i;
@@ -108,6 +111,37 @@ void ThreadDevice::ReleaseSendBuffer(SendBuffer b) {
   // This one is the oldest empty slab: free the other empty one, if there is one (newer).
   if (auto newer = std::find_if(std::next(oldest), slabs_.end(), empty); newer != slabs_.end()) {
     slabs_.erase(newer);
+  }
+}
+
+void ThreadDevice::StartSweeps() {
+  if (sweep_timer_ || detached_) return;
+  sweep_timer_ = std::make_unique<asio::steady_timer>(ex_);
+  ScheduleSweep();
+}
+
+void ThreadDevice::ScheduleSweep() {
+  sweep_timer_->expires_after(std::chrono::milliseconds(kStagingSweepMs));
+  sweep_timer_->async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (auto self = weak.lock()) self->Sweep();
+  });
+}
+
+void ThreadDevice::Sweep() {
+  // Collected first: a connection may close and go while it is looked at (its destructor
+  // unregisters it from by_qp_).
+  std::vector<std::shared_ptr<CompletionSink>> sinks;
+  sinks.reserve(by_qp_.size());
+  for (auto& [qp, weak] : by_qp_) {
+    if (auto c = weak.lock()) sinks.push_back(std::move(c));
+  }
+  for (auto& c : sinks) c->OnSweep();
+  sinks.clear();
+  if (staged_ > 0 && sweep_timer_) {
+    ScheduleSweep();
+  } else {
+    sweep_timer_.reset();  // nothing out: no more wake-ups until a connection sends again
   }
 }
 

@@ -7,6 +7,7 @@
 // Nothing here takes a lock.
 #pragma once
 
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -26,6 +27,9 @@ namespace rdmarpc::transport::rdma {
 class CompletionSink {
  public:
   virtual void OnCompletion(const ibv_wc& wc) = 0;
+  // The thread's periodic look while send staging buffers are out (ThreadDevice::Sweep): a
+  // connection that wrote nothing since the last one retires its writes and returns its buffer.
+  virtual void OnSweep() = 0;
 
  protected:
   ~CompletionSink() = default;
@@ -56,9 +60,13 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   ~ThreadDevice();
 
-  // Stops waiting on the completion fd; for when the io_context goes away first (its poller
-  // forgets the registration itself).
-  void Detach() { registration_ = nullptr; }
+  // Stops waiting on the completion fd, and sweeping; for when the io_context goes away first
+  // (its poller forgets the registration itself).
+  void Detach() {
+    registration_ = nullptr;
+    detached_ = true;
+    sweep_timer_.reset();
+  }
 
   ibv_pd* pd() const { return pd_.get(); }
   ibv_srq* srq() const { return srq_.get(); }
@@ -71,7 +79,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // A connection's send staging buffer (kRingBytes), carved from slabs this thread registered
   // with local access only: connecting costs no registration for it, and the peer cannot touch
-  // it. A thread's slabs hold 1, 2, 4, then kSendBuffersPerSlab buffers (a client thread with
+  // it. Held only while the connection sends: while any is out, the thread sweeps its
+  // connections every kStagingSweepMs (CompletionSink::OnSweep) and quiet ones give theirs
+  // back. A thread's slabs hold 1, 2, 4, then kSendBuffersPerSlab buffers (a client thread with
   // one connection pins one buffer, a server with many registers once per 8). Buffers are taken
   // from the oldest slab with one free, so that after a peak of connections the newer slabs
   // empty out; a slab whose buffers are all free is deregistered and freed, but for one kept
@@ -188,6 +198,11 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   }
   void CountTimes(uint64_t now);
   static constexpr uint64_t kCountPeriodNs = 100'000'000;
+  // While staging buffers are out: every kStagingSweepMs, each connection's OnSweep.
+  void StartSweeps();
+  void ScheduleSweep();
+  void Sweep();
+
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
   // PollAll up to kSpinBurst times, until one takes something; returns how many it took.
@@ -208,6 +223,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   uint32_t repost_batch_ = 1;
   uint8_t rd_atom_ = 1;
   bool mw_type2_ = false;
+  uint32_t staged_ = 0;  // send staging buffers out (AcquireSendBuffer)
+  std::unique_ptr<boost::asio::steady_timer> sweep_timer_;  // while sweeping
+  bool detached_ = false;                                   // Detach: the io_context is going
   // The completion channel's registration with the thread's Poller (through a Waker, which
   // holds this device weakly: the poller must not keep the device alive).
   Poller::Registration* registration_ = nullptr;

@@ -8,10 +8,11 @@
 
 namespace rdmarpc::transport::rdma {
 
-// Each connection's receive ring, and its send staging buffer of the same size: 64 KiB pinned
-// per connection. Small messages (a record is at most a quarter of the ring, 8 KiB) go through
-// the ring; larger ones by rendezvous (see Expose), so the ring need not hold a bulk pipeline.
-// (It was 1 MiB, 2 MiB per connection: 350 idle connections filled a 2 GiB guest.)
+// Each connection's receive ring, and its send staging buffer of the same size while it sends
+// (kStagingSweepMs): 32 KiB pinned per idle connection, 64 KiB per busy one. Small messages (a
+// record is at most a quarter of the ring, 8 KiB) go through the ring; larger ones by
+// rendezvous (see Expose), so the ring need not hold a bulk pipeline. (It was 1 MiB, 2 MiB per
+// connection: 350 idle connections filled a 2 GiB guest.)
 inline constexpr uint32_t kRingBytes = 32u << 10;
 // Large messages a connection may have exposed at once (its peer reads them in order).
 inline constexpr uint32_t kMaxRendezvous = 4;
@@ -56,6 +57,13 @@ inline constexpr uint32_t kSendDepth = 256;
 inline constexpr uint64_t kRecvWrId = ~uint64_t(0);
 // Send staging buffers come from registered slabs of this many.
 inline constexpr uint32_t kSendBuffersPerSlab = 8;
+// A connection takes its send staging buffer when it first writes a record, and gives it back
+// once it has written none for a while: each I/O thread that has buffers out looks at its
+// connections this often (ThreadDevice::Sweep), and one that wrote nothing since the last look
+// retires its writes (a signaled no-op, if any are unretired) and then returns the buffer. An
+// idle connection then pins only its receive ring; a thread whose connections all went quiet
+// stops looking (no timer while nothing is out, so an idle server stays asleep).
+inline constexpr int kStagingSweepMs = 1000;
 // Selective signaling: one signaled send per this many.
 inline constexpr uint32_t kSignalEvery = 32;
 // Completions taken from one CQ before the I/O thread runs its other queued work. Polling until
