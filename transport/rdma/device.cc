@@ -3,8 +3,11 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <boost/asio/post.hpp>
 #include <cstring>
@@ -33,12 +36,14 @@ class ThreadDevice::Waker final : public Poller::Client {
 };
 
 ThreadDevice::~ThreadDevice() {
-  if (registration_) {  // (Detach forgot it if the io_context went first)
-    // Dropped from a posted handler: this may run inside the Waker's own call.
-    std::shared_ptr<Poller::Client> held = Poller::For(ex_).Remove(registration_);
+  // (Detach forgot them if the io_context went first.) Each client is dropped from a posted
+  // handler: this may run inside its own call.
+  for (Poller::Registration* r : {registration_, sweep_registration_}) {
+    if (!r) continue;
+    std::shared_ptr<Poller::Client> held = Poller::For(ex_).Remove(r);
     if (held) asio::post(ex_, [held = std::move(held)] {});
   }
-  registration_ = nullptr;
+  registration_ = sweep_registration_ = nullptr;
   for (auto& slot : cqs_) {
     if (slot->unacked) ibv_ack_cq_events(slot->cq.get(), slot->unacked);
   }
@@ -114,18 +119,61 @@ void ThreadDevice::ReleaseSendBuffer(SendBuffer b) {
   }
 }
 
+// The sweeps' timerfd's client at the thread's Poller; holds the device weakly, as Waker does.
+class ThreadDevice::SweepWaker final : public Poller::Client {
+ public:
+  explicit SweepWaker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
+  void OnReady(bool) override {
+    if (auto d = device_.lock()) d->OnSweepTimer();
+  }
+  void OnPollerGone() override {
+    if (auto d = device_.lock()) d->Detach();
+  }
+
+ private:
+  std::weak_ptr<ThreadDevice> device_;
+};
+
 void ThreadDevice::StartSweeps() {
-  if (sweep_timer_ || detached_) return;
-  sweep_timer_ = std::make_unique<asio::steady_timer>(ex_);
-  ScheduleSweep();
+  if (sweeping_ || detached_) return;
+  if (!sweep_registration_) {
+    const int fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    int error = errno;
+    if (fd >= 0) {
+      sweep_registration_ =
+          Poller::For(ex_).Add(fd, std::make_shared<SweepWaker>(weak_from_this()), &error);
+    }
+    if (!sweep_registration_) {
+      // Not fatal: connections then keep their send buffers, as they did before sweeps.
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        spdlog::warn("rdma: no timer for returning idle connections' send buffers: {}",
+                     std::strerror(error));
+      }
+      return;
+    }
+    sweep_fd_ = fd;
+  }
+  ArmSweepTimer(true);
 }
 
-void ThreadDevice::ScheduleSweep() {
-  sweep_timer_->expires_after(std::chrono::milliseconds(kStagingSweepMs));
-  sweep_timer_->async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-    if (ec) return;
-    if (auto self = weak.lock()) self->Sweep();
-  });
+void ThreadDevice::ArmSweepTimer(bool on) {
+  sweeping_ = on;
+  if (sweep_fd_ < 0) return;
+  itimerspec t{};
+  if (on) {
+    t.it_value.tv_sec = kStagingSweepMs / 1000;
+    t.it_value.tv_nsec = (kStagingSweepMs % 1000) * 1000000L;
+    t.it_interval = t.it_value;
+  }
+  ::timerfd_settime(sweep_fd_, 0, &t, nullptr);
+}
+
+void ThreadDevice::OnSweepTimer() {
+  uint64_t expirations;
+  while (sweep_fd_ >= 0 && ::read(sweep_fd_, &expirations, sizeof expirations) > 0) {
+  }  // (edge-triggered: read until EAGAIN)
+  if (sweeping_) Sweep();
 }
 
 void ThreadDevice::Sweep() {
@@ -138,11 +186,8 @@ void ThreadDevice::Sweep() {
   }
   for (auto& c : sinks) c->OnSweep();
   sinks.clear();
-  if (staged_ > 0 && sweep_timer_) {
-    ScheduleSweep();
-  } else {
-    sweep_timer_.reset();  // nothing out: no more wake-ups until a connection sends again
-  }
+  // Nothing out: no more wake-ups until a connection sends again.
+  if (staged_ == 0) ArmSweepTimer(false);
 }
 
 size_t ThreadDevice::BulkClass(size_t bytes, size_t* capacity) {

@@ -7,7 +7,6 @@
 // Nothing here takes a lock.
 #pragma once
 
-#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -64,8 +63,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // (its poller forgets the registration itself).
   void Detach() {
     registration_ = nullptr;
+    sweep_registration_ = nullptr;
+    sweep_fd_ = -1;
     detached_ = true;
-    sweep_timer_.reset();
   }
 
   ibv_pd* pd() const { return pd_.get(); }
@@ -198,10 +198,15 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   }
   void CountTimes(uint64_t now);
   static constexpr uint64_t kCountPeriodNs = 100'000'000;
-  // While staging buffers are out: every kStagingSweepMs, each connection's OnSweep.
+  // While staging buffers are out: every kStagingSweepMs, each connection's OnSweep. The
+  // period comes from a timerfd watched by the thread's Poller, not an Asio timer: a pending
+  // Asio wait is work that keeps io_context::run() from returning, and an event loop whose
+  // owner lets it run out of work (EventLoopThread's destructor) was held up by it.
   void StartSweeps();
-  void ScheduleSweep();
+  void OnSweepTimer();
   void Sweep();
+  void ArmSweepTimer(bool on);
+  class SweepWaker;
 
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
@@ -224,8 +229,12 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   uint8_t rd_atom_ = 1;
   bool mw_type2_ = false;
   uint32_t staged_ = 0;  // send staging buffers out (AcquireSendBuffer)
-  std::unique_ptr<boost::asio::steady_timer> sweep_timer_;  // while sweeping
-  bool detached_ = false;                                   // Detach: the io_context is going
+  // The sweeps' timerfd (its number, while the poller holds it) and its registration; armed
+  // while `sweeping_`.
+  Poller::Registration* sweep_registration_ = nullptr;
+  int sweep_fd_ = -1;
+  bool sweeping_ = false;
+  bool detached_ = false;  // Detach: the io_context is going
   // The completion channel's registration with the thread's Poller (through a Waker, which
   // holds this device weakly: the poller must not keep the device alive).
   Poller::Registration* registration_ = nullptr;
