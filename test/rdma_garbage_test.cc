@@ -839,14 +839,27 @@ TEST_CASE(
   CHECK(pinned_after[1] <= 256);
 }
 
+// A server with one I/O thread and a first client, which makes the server thread's device state,
+// and what this process had pinned then.
+struct OneThreadServer {
+  explicit OneThreadServer(const std::string& listen) : ts(listen, ServerOptions{.io_threads = 1}) {
+    auto c = Channel::ConnectBlocking(ts.uri);
+    REQUIRE(c.ok());
+    first = *c;
+    pinned_start = PinnedKiB();
+  }
+  TestServer ts;
+  std::shared_ptr<Channel> first;
+  long pinned_start = 0;
+};
+
 TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][memory]") {
   const std::string listen = RdmaUri();
   REQUIRE_FALSE(listen.empty());
   InitLogging("", "info");
-  TestServer ts(listen, ServerOptions{.io_threads = 1});
-  auto first = Channel::ConnectBlocking(ts.uri);  // the server thread's device state is made
-  REQUIRE(first.ok());
-  const long pinned_start = PinnedKiB();
+  OneThreadServer server(listen);
+  TestServer& ts = server.ts;
+  const long pinned_start = server.pinned_start;
   {
     // One more client on a thread of its own: its ring and its one send buffer (a client
     // thread's first slab holds one), and on the server a ring and a buffer of its second slab.
@@ -888,10 +901,9 @@ TEST_CASE("an idle connection gives its send buffer back, and takes one again to
   const std::string listen = RdmaUri();
   REQUIRE_FALSE(listen.empty());
   InitLogging("", "info");
-  TestServer ts(listen, ServerOptions{.io_threads = 1});
-  auto first = Channel::ConnectBlocking(ts.uri);  // the server thread's device state is made
-  REQUIRE(first.ok());
-  const long pinned_start = PinnedKiB();
+  OneThreadServer server(listen);
+  TestServer& ts = server.ts;
+  const long pinned_start = server.pinned_start;
   constexpr int kClients = 16;
   std::vector<std::shared_ptr<Channel>> clients;
   for (int i = 0; i < kClients; ++i) {
@@ -930,7 +942,7 @@ TEST_CASE("an idle connection gives its send buffer back, and takes one again to
   call_each(100);
   CHECK(PinnedKiB() - pinned_start >= kClients * 3 * 32);
   call_each(200 << 10);
-  CHECK(TestService::BlockingStub(*first).Echo(EchoRequest(), {.timeout = 10s}).ok());
+  CHECK(TestService::BlockingStub(server.first).Echo(EchoRequest(), {.timeout = 10s}).ok());
   CHECK(ts.server.connections() == kClients + 1);
 }
 

@@ -18,14 +18,16 @@
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
 
-// The completion channel's client at the thread's Poller. Holds the device weakly, so that the
-// device goes when its last connection does (the poller would otherwise keep it, its pinned
-// memory included, as long as the io_context lives).
+// A descriptor's client at the thread's Poller (the completion channel's, the sweeps' timerfd's):
+// calls `ready` when it is readable. Holds the device weakly, so that the device goes when its
+// last connection does (the poller would otherwise keep it, its pinned memory included, as long
+// as the io_context lives).
 class ThreadDevice::Waker final : public Poller::Client {
  public:
-  explicit Waker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
+  Waker(std::weak_ptr<ThreadDevice> d, void (ThreadDevice::*ready)())
+      : device_(std::move(d)), ready_(ready) {}
   void OnReady(bool) override {
-    if (auto d = device_.lock()) d->OnChannelReady();
+    if (auto d = device_.lock()) (d.get()->*ready_)();
   }
   void OnPollerGone() override {
     if (auto d = device_.lock()) d->Detach();
@@ -33,6 +35,7 @@ class ThreadDevice::Waker final : public Poller::Client {
 
  private:
   std::weak_ptr<ThreadDevice> device_;
+  void (ThreadDevice::*ready_)();
 };
 
 ThreadDevice::~ThreadDevice() {
@@ -119,29 +122,14 @@ void ThreadDevice::ReleaseSendBuffer(SendBuffer b) {
   }
 }
 
-// The sweeps' timerfd's client at the thread's Poller; holds the device weakly, as Waker does.
-class ThreadDevice::SweepWaker final : public Poller::Client {
- public:
-  explicit SweepWaker(std::weak_ptr<ThreadDevice> d) : device_(std::move(d)) {}
-  void OnReady(bool) override {
-    if (auto d = device_.lock()) d->OnSweepTimer();
-  }
-  void OnPollerGone() override {
-    if (auto d = device_.lock()) d->Detach();
-  }
-
- private:
-  std::weak_ptr<ThreadDevice> device_;
-};
-
 void ThreadDevice::StartSweeps() {
   if (sweeping_ || detached_) return;
   if (!sweep_registration_) {
     const int fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     int error = errno;
     if (fd >= 0) {
-      sweep_registration_ =
-          Poller::For(ex_).Add(fd, std::make_shared<SweepWaker>(weak_from_this()), &error);
+      sweep_registration_ = Poller::For(ex_).Add(
+          fd, std::make_shared<Waker>(weak_from_this(), &ThreadDevice::OnSweepTimer), &error);
     }
     if (!sweep_registration_) {
       // Not fatal: connections then keep their send buffers, as they did before sweeps.
@@ -527,7 +515,8 @@ Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ib
   int error = 0;
   const int fd = ::fcntl(d->channel_->fd, F_DUPFD_CLOEXEC, 0);
   if (fd >= 0) {
-    d->registration_ = Poller::For(ex).Add(fd, std::make_shared<Waker>(d), &error);
+    d->registration_ =
+        Poller::For(ex).Add(fd, std::make_shared<Waker>(d, &ThreadDevice::OnChannelReady), &error);
   } else {
     error = errno;
   }

@@ -206,7 +206,6 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   void OnSweepTimer();
   void Sweep();
   void ArmSweepTimer(bool on);
-  class SweepWaker;
 
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
