@@ -842,11 +842,18 @@ TEST_CASE(
 // A server with one I/O thread and a first client, which makes the server thread's device state,
 // and what this process had pinned then.
 struct OneThreadServer {
-  explicit OneThreadServer(const std::string& listen) : ts(listen, ServerOptions{.io_threads = 1}) {
+  OneThreadServer() : ts(Listen(), ServerOptions{.io_threads = 1}) {
     auto c = Channel::ConnectBlocking(ts.uri);
     REQUIRE(c.ok());
     first = *c;
     pinned_start = PinnedKiB();
+  }
+  // The server's URI, once the test knows the VM's address; logging as the other cases have it.
+  static std::string Listen() {
+    std::string listen = RdmaUri();
+    REQUIRE_FALSE(listen.empty());
+    InitLogging("", "info");
+    return listen;
   }
   TestServer ts;
   std::shared_ptr<Channel> first;
@@ -854,10 +861,7 @@ struct OneThreadServer {
 };
 
 TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][memory]") {
-  const std::string listen = RdmaUri();
-  REQUIRE_FALSE(listen.empty());
-  InitLogging("", "info");
-  OneThreadServer server(listen);
+  OneThreadServer server;
   TestServer& ts = server.ts;
   const long pinned_start = server.pinned_start;
   {
@@ -898,10 +902,7 @@ TEST_CASE("memory pinned for connections that have gone is given back", "[rdma][
 
 TEST_CASE("an idle connection gives its send buffer back, and takes one again to send",
           "[rdma][memory]") {
-  const std::string listen = RdmaUri();
-  REQUIRE_FALSE(listen.empty());
-  InitLogging("", "info");
-  OneThreadServer server(listen);
+  OneThreadServer server;
   TestServer& ts = server.ts;
   const long pinned_start = server.pinned_start;
   constexpr int kClients = 16;
