@@ -553,16 +553,15 @@ int RunIdle(const ClientConfig& cfg, long n, long hold_s, long connect_window, l
     settled_s = std::chrono::duration<double>(last_change - start).count();
   }
   const long opened = static_cast<long>(w.channels.size()) - 1;
-  const double client_per = opened ? (double(rss_after) - double(rss_before)) / opened : 0;
-  const double server_per =
-      opened ? (double(after.rss_bytes()) - double(before.rss_bytes())) / opened : 0;
-  const double client_pin = opened ? (double(pinned_after) - double(pinned_before)) / opened : 0;
-  const double server_pin =
-      opened ? (double(after.pinned_bytes()) - double(before.pinned_bytes())) / opened : 0;
-  const double client_busy =
-      opened ? (double(client_busy_pin) - double(pinned_before)) / opened : 0;
-  const double server_busy =
-      opened ? (double(server_busy_pin) - double(before.pinned_bytes())) / opened : 0;
+  const auto per_connection = [&](uint64_t now, uint64_t then) {
+    return opened ? (double(now) - double(then)) / opened : 0.0;
+  };
+  const double client_per = per_connection(rss_after, rss_before);
+  const double server_per = per_connection(after.rss_bytes(), before.rss_bytes());
+  const double client_pin = per_connection(pinned_after, pinned_before);
+  const double server_pin = per_connection(after.pinned_bytes(), before.pinned_bytes());
+  const double client_busy = per_connection(client_busy_pin, pinned_before);
+  const double server_busy = per_connection(server_busy_pin, before.pinned_bytes());
   if (cfg.json) {
     std::cout << "{\"target\":\"" << JsonText(cfg.target) << "\",\"idle_connections_asked\":" << n
               << ",\"opened\":" << opened << ",\"failed_calls\":" << failed

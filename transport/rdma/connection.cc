@@ -281,13 +281,15 @@ void RdmaConnection::OnSweep() {
     dev_->ReleaseSendBuffer(std::exchange(send_, {}));
     return;
   }
-  // Unsignaled writes may still be on the send queue. A signaled no-op (a credit of 0 bytes,
-  // as MaybeFinishClosing posts) retires them all when it completes; the next sweep then
-  // returns the buffer.
-  if (!retire_posted_ && CanPost()) {
-    retire_posted_ = true;
-    PostWrite(0, 0, kImmCreditBit, /*signal=*/true);
-  }
+  // Unsignaled writes may still be on the send queue: retire them; the next sweep then returns
+  // the buffer.
+  PostRetiring(retire_posted_);
+}
+
+void RdmaConnection::PostRetiring(bool& posted) {
+  if (posted || !CanPost()) return;
+  posted = true;
+  PostWrite(0, 0, kImmCreditBit, /*signal=*/true);  // a credit of 0 bytes: a no-op for the peer
 }
 
 void RdmaConnection::WarnChunkedFallback(size_t bytes, const std::string& why) {
@@ -447,10 +449,7 @@ void RdmaConnection::MaybeFinishClosing() {
     CloseWith("closed locally");
     return;
   }
-  if (!final_signal_posted_ && CanPost()) {
-    final_signal_posted_ = true;
-    PostWrite(0, 0, kImmCreditBit, /*signal=*/true);  // a credit of 0 bytes: a no-op for the peer
-  }
+  PostRetiring(final_signal_posted_);
 }
 
 void RdmaConnection::Drain() {

@@ -194,6 +194,11 @@ class RdmaConnection final : public Connection,
   // retire what is outstanding (its wr_id says how many it retires).
   bool PostSend(ibv_send_wr& wr, bool signal = false, uint64_t tag = 0);
 
+  // Posts a signaled no-op (a zero-byte write crediting 0 bytes) whose completion retires every
+  // write before it, unless `posted` says one is on its way already (or the queue is full: the
+  // caller tries again later); sets `posted`.
+  void PostRetiring(bool& posted);
+
   void PostRecord(uint32_t offset, uint32_t bytes) {
     wrote_since_sweep_ = true;
     PostWrite(offset, bytes, offset / kRecordAlignBytes);
