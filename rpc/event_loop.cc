@@ -1,5 +1,6 @@
 #include "rpc/event_loop.h"
 
+#include <atomic>
 #include <chrono>
 #include <future>
 
@@ -10,7 +11,12 @@ namespace rdmarpc {
 namespace {
 // How long the destructor lets the loop finish by itself before stopping it.
 constexpr auto kDrainLimit = std::chrono::milliseconds(200);
+std::atomic<uint64_t> g_stopped_at_limit{0};
 }  // namespace
+
+uint64_t EventLoopThread::StoppedAtLimit() {
+  return g_stopped_at_limit.load(std::memory_order_relaxed);
+}
 
 void RunLoop(boost::asio::io_context& ioc) { transport::RunEventLoop(ioc); }
 
@@ -52,7 +58,10 @@ EventLoopThread::~EventLoopThread() {
   // touches this context just after the caller resumed, and stopping and freeing the context
   // under it crashed stream_test, 2026-12-02). Only what stays attached (open sockets, timers)
   // makes it wait the limit; then the loop is stopped and that work abandoned.
-  if (finished_.wait_for(kDrainLimit) != std::future_status::ready) ioc_->stop();
+  if (finished_.wait_for(kDrainLimit) != std::future_status::ready) {
+    g_stopped_at_limit.fetch_add(1, std::memory_order_relaxed);
+    ioc_->stop();
+  }
   thread_.join();
 }
 

@@ -5,6 +5,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <optional>
@@ -65,6 +66,13 @@ class EventLoopThread {
   ~EventLoopThread();
   EventLoopThread(const EventLoopThread&) = delete;
   EventLoopThread& operator=(const EventLoopThread&) = delete;
+
+  // How many EventLoopThreads of this process have had to stop their loop at the destructor's
+  // limit, abandoning work still attached to it. Any thread. For tests and diagnostics: a loop
+  // whose owner closed everything on it ends by itself, so a count that grows after such a
+  // close means something (an armed timer, a watch, a queued close) kept it busy -- 200 ms
+  // lost in the destructor, and whatever that work would have freed leaked.
+  static uint64_t StoppedAtLimit();
 
   boost::asio::io_context& context() { return *ioc_; }
   boost::asio::io_context::executor_type executor() { return ioc_->get_executor(); }
