@@ -271,7 +271,7 @@ void ThreadDevice::Arm() {
     std::weak_ptr<ThreadDevice> weak = shared_from_this();
     asio::post(ex_, [weak] {
       if (auto self = weak.lock()) {
-        self->PollBurst();
+        self->PollBurst(self->clock_.Now() + self->burst_);
         self->CountTime(kBusyPollShare, self->clock_.Now());
         self->Arm();
       }
@@ -375,7 +375,7 @@ void ThreadDevice::PostSpin() {
 }
 
 void ThreadDevice::Spin() {
-  uint32_t taken = PollBurst();
+  uint32_t taken = PollBurst(std::min(clock_.Now() + burst_, spin_until_));
   const uint64_t now = clock_.Now();
   CountTime(kSpinShare, now);
   if (taken) spin_until_ = now + spin_window_;
@@ -432,6 +432,7 @@ void ThreadDevice::CountTimes(uint64_t now) {
   }
   spin_window_ = clock_.FromNanos(spin_window_ns_);
   count_period_ = clock_.FromNanos(kCountPeriodNs);
+  burst_ = clock_.FromNanos(kSpinBurstNs);
 }
 
 uint32_t ThreadDevice::PollAll() {
@@ -440,11 +441,13 @@ uint32_t ThreadDevice::PollAll() {
   return taken;
 }
 
-uint32_t ThreadDevice::PollBurst() {
-  for (uint32_t i = 0; i < kSpinBurst; ++i) {
-    if (const uint32_t taken = PollAll()) return taken;
+uint32_t ThreadDevice::PollBurst(uint64_t until) {
+  for (;;) {
+    for (uint32_t i = 0; i < kSpinBurst; ++i) {
+      if (const uint32_t taken = PollAll()) return taken;
+    }
+    if (clock_.Now() >= until) return 0;
   }
-  return 0;
 }
 
 uint32_t ThreadDevice::Poll(ibv_cq* cq) {

@@ -136,7 +136,8 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
         busy_poll_(options.busy_poll),
         spin_window_ns_(uint64_t(std::max(0, options.poll_spin_us)) * 1000),
         spin_window_(clock_.FromNanos(spin_window_ns_)),
-        count_period_(clock_.FromNanos(kCountPeriodNs)) {}
+        count_period_(clock_.FromNanos(kCountPeriodNs)),
+        burst_(clock_.FromNanos(kSpinBurstNs)) {}
 
   Expected<void> Init();
 
@@ -209,8 +210,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
-  // PollAll up to kSpinBurst times, until one takes something; returns how many it took.
-  uint32_t PollBurst();
+  // PollAll until one takes something, or until `until` (a clock_ reading) has passed (looked
+  // at every kSpinBurst polls, so at least that many); returns how many it took.
+  uint32_t PollBurst(uint64_t until);
 
   Executor ex_;
   ibv_context* verbs_;
@@ -248,6 +250,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   uint64_t mark_ = clock_.Now();
   uint64_t counted_at_ = mark_;  // CountTimes last ran
   uint64_t count_period_;        // kCountPeriodNs in ticks
+  uint64_t burst_;               // kSpinBurstNs in ticks
   uint64_t uncounted_[kTimeShares] = {};
   std::unordered_map<uint32_t, std::weak_ptr<CompletionSink>> by_qp_;
   // The QP of the last completion and its entry in by_qp_ (null: none): a connection's

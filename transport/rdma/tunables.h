@@ -71,13 +71,17 @@ inline constexpr uint32_t kSignalEvery = 32;
 // coroutine frame waited in the queue, and a 1 M-call soak grew the server's heap by hundreds
 // of MiB (docs/RELIABILITY.md, "Soak").
 inline constexpr uint32_t kPollBudget = 256;
-// Busy-poll and adaptive spinning: empty polls of the CQs per turn of the event loop before
-// the thread lets its other work run (and, spinning, yields the CPU). A turn -- a posted
-// handler, the scheduler's round and its non-blocking epoll_wait -- costs several empty polls'
-// worth, so polling once per turn found a completion up to a turn late; a burst finds it within
-// a poll or so. Bounded, so that timers and other handlers of the thread still wait at most a
-// burst (a few microseconds) between turns.
+// Busy-poll and adaptive spinning: how long the thread polls its CQs per turn of the event loop
+// before it lets its other work run (and, spinning, yields the CPU), unless a poll takes
+// something first; the clock is read every kSpinBurst empty polls. A turn -- a posted handler,
+// the scheduler's round with Asio's non-blocking epoll_wait, and while spinning a sched_yield --
+// costs system calls, and a completion that lands during them waits for the next burst. With
+// bursts of 16 polls (tens of instructions each) a turn was mostly those calls: in the emulated
+// guest, 64 B p50 busy-poll 46.3 us and adaptive 51.0 us; with 20 us bursts 42.8 and 43.3 us
+// (5 interleaved rounds in one boot, ib_write_lat 21.1 us; 5 us bursts: 44.8 / 50.7, 50 us:
+// 42.2 / 42.8). Bounded, so that timers and other handlers of the thread wait at most a burst.
 inline constexpr uint32_t kSpinBurst = 16;
+inline constexpr uint64_t kSpinBurstNs = 20'000;
 inline constexpr int kResolveTimeoutMs = 2000;
 // How long a server waits, at least, for the CM's ESTABLISHED after accepting. The wait ends at
 // once if the client goes away (the CM reports that too), so a long one costs nothing with
