@@ -373,6 +373,32 @@ TEST_CASE("the loop of our own lets a descriptor in between handlers that post t
   loop.Join();
 }
 
+TEST_CASE("a handler spinning on the loop sees WorkCount change when another thread posts",
+          "[poller][own_loop]") {
+  // What lets RDMA busy-polling end a burst early for work from other threads.
+  OwnLoopThread loop;
+  auto work = asio::make_work_guard(loop.ioc);
+  Poller& poller = Poller::For(loop.ioc.get_executor());
+  std::atomic<int> stage{0};
+  std::atomic<bool> changed{false}, ran{false};
+  asio::post(loop.ioc, [&] {
+    const long before = poller.WorkCount();
+    stage = 1;  // the other thread posts now
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (poller.WorkCount() == before && std::chrono::steady_clock::now() < until) {
+    }
+    changed = poller.WorkCount() != before;
+  });
+  loop.Start();
+  REQUIRE(Eventually([&] { return stage == 1; }));
+  asio::post(loop.ioc, [&] { ran = true; });
+  CHECK(Eventually([&] { return ran.load(); }));
+  CHECK(changed);
+  work.reset();
+  CHECK(Eventually([&] { return loop.returned.load(); }));
+  loop.Join();
+}
+
 TEST_CASE("the loop of our own closes a descriptor removed in its own event only after it",
           "[poller][own_loop]") {
   OwnLoopThread loop;

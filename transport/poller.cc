@@ -142,6 +142,10 @@ struct SchedulerStopped {
   using type = bool Scheduler::*;
   friend type Member(SchedulerStopped);
 };
+struct SchedulerWork {
+  using type = asio::detail::atomic_count Scheduler::*;
+  friend type Member(SchedulerWork);
+};
 struct ReactorEpoll {
   using type = int Reactor::*;
   friend type Member(ReactorEpoll);
@@ -150,6 +154,7 @@ template struct Reach<SchedulerMutex, &Scheduler::mutex_>;
 template struct Reach<SchedulerQueue, &Scheduler::op_queue_>;
 template struct Reach<TaskInterrupted, &Scheduler::task_interrupted_>;
 template struct Reach<SchedulerStopped, &Scheduler::stopped_>;
+template struct Reach<SchedulerWork, &Scheduler::outstanding_work_>;
 template struct Reach<ReactorEpoll, &Reactor::epoll_fd_>;
 }  // namespace
 
@@ -192,9 +197,16 @@ Poller::Op::status Poller::Op::Perform(reactor_op* base) {
 Poller::Poller(asio::execution_context& context) : asio::execution_context::service(context) {
   Reactor& reactor = asio::use_service<Reactor>(context);
   reactor_ = &reactor;
+  scheduler_ = &asio::use_service<Scheduler>(context);
   // Make sure the io_context runs the reactor at all (its I/O object services do this; a
   // context whose first I/O is ours would otherwise never look at our descriptors).
   reactor.init_task();
+}
+
+long Poller::WorkCount() const {
+  static_assert(std::is_same_v<asio::detail::atomic_count, std::atomic<long>>);
+  return (static_cast<Scheduler*>(scheduler_)->*Member(SchedulerWork{}))
+      .load(std::memory_order_relaxed);
 }
 
 Poller::~Poller() {

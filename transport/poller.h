@@ -131,6 +131,12 @@ class Poller final : public boost::asio::execution_context::service {
   // shutdown: nothing.
   std::shared_ptr<Client> Remove(Registration* r);
 
+  // Asio's count of the io_context's outstanding work. While one handler of the loop's thread
+  // runs (RDMA busy-polling spins in one for up to a burst), it changes only when another thread
+  // posts work or drops a work guard: such a handler reads it to let that work run at once rather
+  // than after its burst. Any thread; one atomic load.
+  long WorkCount() const;
+
   // Runs `ioc` on the calling thread as io_context::run() would (until it is stopped or runs
   // out of work), with the loop of our own described above; descriptors added before move
   // over. From then on the io_context must be run only this way (its descriptors are no longer
@@ -157,7 +163,8 @@ class Poller final : public boost::asio::execution_context::service {
   bool WatchInOwnSet(Registration* r);  // false, with errno, if epoll_ctl failed
   void Run(boost::asio::io_context& ioc);
 
-  void* reactor_ = nullptr;  // boost::asio::detail::epoll_reactor
+  void* reactor_ = nullptr;    // boost::asio::detail::epoll_reactor
+  void* scheduler_ = nullptr;  // boost::asio::detail::scheduler (the io_context's)
   Executor executor_;
   Registration* live_ = nullptr;  // registered (removed ones included until deregistered)
   bool shut_down_ = false;

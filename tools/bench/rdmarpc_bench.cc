@@ -56,6 +56,8 @@ constexpr char kUsage[] =
     "                     [--threads T] [--busy-poll] [--poll-spin-us US] [--verify]\n"
     "                     [--connect-timeout-ms MS] [--timeout-ms MS] [--json] [--quiet]\n"
     "                     [--metrics] [--no-latency]\n"
+    "       rdmarpc_bench --target URI --blocking [--request-bytes N] [--response-bytes N]\n"
+    "                     [--duration S | --calls N] [--warmup S] [--busy-poll] [--json]\n"
     "       rdmarpc_bench --target URI --idle-connections N [--hold S]\n"
     "       rdmarpc_bench --target URI --stream [--response-bytes N] [--duration S] [--json]\n"
     "       rdmarpc_bench --target URI --upload [--request-bytes N] [--duration S] [--json]\n"
@@ -94,6 +96,9 @@ constexpr char kUsage[] =
     "                       which neither side reads the clock for)\n"
     "  --metrics            record every call in an rdmarpc::Metrics registry (server and\n"
     "                       client interceptors), to measure what metrics cost\n"
+    "  --blocking           calls one at a time from the main thread through a BlockingStub\n"
+    "                       (request and reply each cross between it and the channel's own\n"
+    "                       I/O thread), on one connection\n"
     "  --stream             instead of calls: one server stream of --response-bytes messages,\n"
     "                       read as fast as they come (messages/s and MB/s)\n"
     "  --upload             instead of calls: one client stream of --request-bytes messages,\n"
@@ -597,6 +602,39 @@ uint64_t ServerRss(const ClientConfig& cfg) {
   return r.ok() ? r->rss_bytes() : 0;
 }
 
+// The calls' result, as JSON (--json) or text; `verified` adds --verify's part (JSON fields, or
+// a line) when cfg.verify.
+template <class Verified>
+void PrintCalls(const ClientConfig& cfg, const Histogram& h, uint64_t counted, uint64_t failed,
+                double secs, const std::string& error, Verified verified) {
+  const double rate = counted / secs;
+  const double mbps = rate * double(cfg.request_bytes + cfg.response_bytes) / 1e6;
+  auto us = [&](double q) { return Fixed(h.Quantile(q) / 1000.0, 1); };
+  if (cfg.json) {
+    std::cout << "{\"target\":\"" << JsonText(cfg.target)
+              << "\",\"connections\":" << cfg.connections << ",\"depth\":" << cfg.depth
+              << ",\"request_bytes\":" << cfg.request_bytes
+              << ",\"response_bytes\":" << cfg.response_bytes << ",\"threads\":" << cfg.threads
+              << ",\"seconds\":" << Fixed(secs, 3) << ",\"calls\":" << counted
+              << ",\"failed\":" << failed << ",\"calls_per_s\":" << Fixed(rate, 0)
+              << ",\"mb_per_s\":" << Fixed(mbps, 1) << ",\"p50_us\":" << us(0.5)
+              << ",\"p90_us\":" << us(0.9) << ",\"p99_us\":" << us(0.99)
+              << ",\"p999_us\":" << us(0.999) << ",\"max_us\":" << Fixed(h.max() / 1000.0, 1);
+    if (cfg.verify) verified();
+    std::cout << ",\"error\":\"" << JsonText(error) << "\"}" << std::endl;
+  } else {
+    std::printf(
+        "%s: %ld conn x %ld deep, %ld B -> %ld B: %lu calls in %.2f s, %lu failed\n"
+        "  %.0f calls/s, %.1f MB/s; latency us: p50 %s p90 %s p99 %s p99.9 %s max %s\n",
+        cfg.target.c_str(), cfg.connections, cfg.depth, cfg.request_bytes, cfg.response_bytes,
+        static_cast<unsigned long>(counted), secs, static_cast<unsigned long>(failed), rate, mbps,
+        us(0.5).c_str(), us(0.9).c_str(), us(0.99).c_str(), us(0.999).c_str(),
+        Fixed(h.max() / 1000.0, 1).c_str());
+    if (cfg.verify) verified();
+    if (!error.empty()) std::printf("  first error: %s\n", error.c_str());
+  }
+}
+
 int RunClient(const ClientConfig& cfg) {
   Shared shared;
   const uint64_t server_rss_start = cfg.verify ? ServerRss(cfg) : 0;
@@ -671,43 +709,60 @@ int RunClient(const ClientConfig& cfg) {
     mismatched += w->mismatched;
     if (error.empty()) error = w->error;
   }
-  const double rate = counted / secs;
-  const double mbps = rate * double(cfg.request_bytes + cfg.response_bytes) / 1e6;
-  auto us = [&](double q) { return Fixed(h.Quantile(q) / 1000.0, 1); };
-  if (cfg.json) {
-    std::cout << "{\"target\":\"" << JsonText(cfg.target)
-              << "\",\"connections\":" << cfg.connections << ",\"depth\":" << cfg.depth
-              << ",\"request_bytes\":" << cfg.request_bytes
-              << ",\"response_bytes\":" << cfg.response_bytes << ",\"threads\":" << cfg.threads
-              << ",\"seconds\":" << Fixed(secs, 3) << ",\"calls\":" << counted
-              << ",\"failed\":" << failed << ",\"calls_per_s\":" << Fixed(rate, 0)
-              << ",\"mb_per_s\":" << Fixed(mbps, 1) << ",\"p50_us\":" << us(0.5)
-              << ",\"p90_us\":" << us(0.9) << ",\"p99_us\":" << us(0.99)
-              << ",\"p999_us\":" << us(0.999) << ",\"max_us\":" << Fixed(h.max() / 1000.0, 1);
-    if (cfg.verify) {
+  PrintCalls(cfg, h, counted, failed, secs, error, [&] {
+    if (cfg.json) {
       std::cout << ",\"mismatched\":" << mismatched << ",\"client_rss_start\":" << client_rss_start
                 << ",\"client_rss_end\":" << client_rss_end
                 << ",\"server_rss_start\":" << server_rss_start
                 << ",\"server_rss_end\":" << server_rss_end;
-    }
-    std::cout << ",\"error\":\"" << JsonText(error) << "\"}" << std::endl;
-  } else {
-    std::printf(
-        "%s: %ld conn x %ld deep, %ld B -> %ld B: %lu calls in %.2f s, %lu failed\n"
-        "  %.0f calls/s, %.1f MB/s; latency us: p50 %s p90 %s p99 %s p99.9 %s max %s\n",
-        cfg.target.c_str(), cfg.connections, cfg.depth, cfg.request_bytes, cfg.response_bytes,
-        static_cast<unsigned long>(counted), secs, static_cast<unsigned long>(failed), rate, mbps,
-        us(0.5).c_str(), us(0.9).c_str(), us(0.99).c_str(), us(0.999).c_str(),
-        Fixed(h.max() / 1000.0, 1).c_str());
-    if (cfg.verify) {
+    } else {
       std::printf(
           "  verified: %lu mismatched; RSS client %.1f -> %.1f MiB, server %.1f -> %.1f MiB\n",
           static_cast<unsigned long>(mismatched), client_rss_start / 1048576.0,
           client_rss_end / 1048576.0, server_rss_start / 1048576.0, server_rss_end / 1048576.0);
     }
-    if (!error.empty()) std::printf("  first error: %s\n", error.c_str());
-  }
+  });
   return failed == 0 && mismatched == 0 && counted > 0 && shared.connect_failures == 0 ? 0 : 1;
+}
+
+// --blocking: one caller thread, one call at a time, through a BlockingStub.
+int RunBlocking(const ClientConfig& cfg) {
+  auto ch = rdmarpc::Channel::ConnectBlocking(cfg.target, cfg.options);
+  if (!ch.ok()) {
+    std::cerr << "rdmarpc_bench: " << ch.status().ToString() << "\n";
+    return 1;
+  }
+  rdmarpc::bench::Bench::BlockingStub stub(*ch);
+  rdmarpc::bench::CallRequest req;
+  req.set_payload(std::string(static_cast<size_t>(cfg.request_bytes), 'q'));
+  req.set_response_bytes(static_cast<uint32_t>(cfg.response_bytes));
+  rdmarpc::CallOptions opts;
+  opts.timeout = cfg.timeout;
+  Histogram h;
+  uint64_t counted = 0, failed = 0;
+  std::string error;
+  auto run = [&](Clock::time_point until, uint64_t calls, bool measure) {
+    while (calls > 0 ? counted < calls : Clock::now() < until) {
+      const auto t0 = Clock::now();
+      auto r = stub.Call(req, opts);
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+      if (!r.ok() || r->payload().size() != static_cast<size_t>(cfg.response_bytes)) {
+        ++failed;
+        if (error.empty()) error = r.ok() ? "reply of the wrong size" : r.status().ToString();
+        if (!r.ok() && r.status().code() == rdmarpc::StatusCode::kUnavailable) return;
+      } else if (measure) {
+        h.Record(static_cast<uint64_t>(ns.count()));
+        ++counted;
+      }
+    }
+  };
+  run(SecondsFromNow(cfg.warmup_s), 0, false);
+  failed = 0;
+  const auto start = Clock::now();
+  run(SecondsFromNow(cfg.duration_s), static_cast<uint64_t>(cfg.calls), true);
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  PrintCalls(cfg, h, counted, failed, secs, error, [] {});
+  return failed == 0 && counted > 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -727,7 +782,8 @@ int main(int argc, char** argv) {
                                      {"idle-settle", true},      {"quiet", false},
                                      {"verify", false},          {"stream", false},
                                      {"upload", false},          {"metrics", false},
-                                     {"no-latency", false},      {"timeout-ms", true}}));
+                                     {"no-latency", false},      {"timeout-ms", true},
+                                     {"blocking", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -775,5 +831,6 @@ int main(int argc, char** argv) {
   if (idle > 0) return RunIdle(cfg, idle, hold_s, connect_window, idle_settle);
   if (flags.has("stream")) return RunStream(cfg);
   if (flags.has("upload")) return RunUpload(cfg);
+  if (flags.has("blocking")) return RunBlocking(cfg);
   return RunClient(cfg);
 }

@@ -442,11 +442,12 @@ uint32_t ThreadDevice::PollAll() {
 }
 
 uint32_t ThreadDevice::PollBurst(uint64_t until) {
+  const long work = poller_->WorkCount();
   for (;;) {
     for (uint32_t i = 0; i < kSpinBurst; ++i) {
       if (const uint32_t taken = PollAll()) return taken;
     }
-    if (clock_.Now() >= until) return 0;
+    if (clock_.Now() >= until || poller_->WorkCount() != work) return 0;
   }
 }
 
@@ -518,8 +519,9 @@ Expected<std::shared_ptr<ThreadDevice>> ThreadDevice::For(const Executor& ex, ib
   int error = 0;
   const int fd = ::fcntl(d->channel_->fd, F_DUPFD_CLOEXEC, 0);
   if (fd >= 0) {
+    d->poller_ = &Poller::For(ex);
     d->registration_ =
-        Poller::For(ex).Add(fd, std::make_shared<Waker>(d, &ThreadDevice::OnChannelReady), &error);
+        d->poller_->Add(fd, std::make_shared<Waker>(d, &ThreadDevice::OnChannelReady), &error);
   } else {
     error = errno;
   }

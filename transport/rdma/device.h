@@ -210,8 +210,9 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   // Polls every CQ once (up to kPollBudget each); returns how many completions it took.
   uint32_t PollAll();
-  // PollAll until one takes something, or until `until` (a clock_ reading) has passed (looked
-  // at every kSpinBurst polls, so at least that many); returns how many it took.
+  // PollAll until one takes something, until `until` (a clock_ reading) has passed, or until
+  // another thread posts work to the loop (both looked at every kSpinBurst polls, so at least
+  // that many); returns how many it took.
   uint32_t PollBurst(uint64_t until);
 
   Executor ex_;
@@ -239,6 +240,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // The completion channel's registration with the thread's Poller (through a Waker, which
   // holds this device weakly: the poller must not keep the device alive).
   Poller::Registration* registration_ = nullptr;
+  Poller* poller_ = nullptr;    // the loop's (PollBurst)
   bool sleeping_ = false;       // waiting for the channel: its next event wakes the thread
   bool channel_ready_ = false;  // the channel reported events while the thread was not asleep
   bool busy_poll_;
