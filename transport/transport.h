@@ -37,10 +37,10 @@ struct Options {
   int connect_timeout_ms = 5000;
   // RDMA only: spin on the completion queue instead of sleeping on its channel fd. Lowest
   // latency, at the price of one core per I/O thread kept at 100% while it has connections.
-  // While busy-polling (or spinning, below) the thread's other work -- timers, handlers posted
-  // from other threads, TCP connections on the same loop -- runs between bursts of polling of up
-  // to 20 us each. Defaults to on when the environment has RDMARPC_BUSY_POLL=1, so that deployments
-  // can switch it without recompiling.
+  // While busy-polling (or spinning, below) the thread's timers and TCP connections on the same
+  // loop wait for the end of a burst of polling, up to 20 us; work posted from another thread
+  // ends the burst at once. Defaults to on when the environment has RDMARPC_BUSY_POLL=1, so that
+  // deployments can switch it without recompiling.
   bool busy_poll = BusyPollFromEnvironment();
   // RDMA only, when not busy-polling: adaptive polling. After its completion queues drain, an
   // I/O thread keeps polling them for this long after the last completion before it sleeps on

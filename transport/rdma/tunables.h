@@ -79,7 +79,8 @@ inline constexpr uint32_t kPollBudget = 256;
 // bursts of 16 polls (tens of instructions each) a turn was mostly those calls: in the emulated
 // guest, 64 B p50 busy-poll 46.3 us and adaptive 51.0 us; with 20 us bursts 42.8 and 43.3 us
 // (5 interleaved rounds in one boot, ib_write_lat 21.1 us; 5 us bursts: 44.8 / 50.7, 50 us:
-// 42.2 / 42.8). Bounded, so that timers and other handlers of the thread wait at most a burst.
+// 42.2 / 42.8). Bounded, so that timers and descriptors of the thread wait at most a burst;
+// work posted from another thread ends a burst at once (ThreadDevice::PollBurst).
 inline constexpr uint32_t kSpinBurst = 16;
 inline constexpr uint64_t kSpinBurstNs = 20'000;
 inline constexpr int kResolveTimeoutMs = 2000;
