@@ -43,7 +43,7 @@ ThreadDevice::~ThreadDevice() {
   // handler: this may run inside its own call.
   for (Poller::Registration* r : {registration_, sweep_registration_}) {
     if (!r) continue;
-    std::shared_ptr<Poller::Client> held = Poller::For(ex_).Remove(r);
+    std::shared_ptr<Poller::Client> held = poller_->Remove(r);
     if (held) asio::post(ex_, [held = std::move(held)] {});
   }
   registration_ = sweep_registration_ = nullptr;
@@ -128,7 +128,7 @@ void ThreadDevice::StartSweeps() {
     const int fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     int error = errno;
     if (fd >= 0) {
-      sweep_registration_ = Poller::For(ex_).Add(
+      sweep_registration_ = poller_->Add(
           fd, std::make_shared<Waker>(weak_from_this(), &ThreadDevice::OnSweepTimer), &error);
     }
     if (!sweep_registration_) {

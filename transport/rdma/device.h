@@ -240,7 +240,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // The completion channel's registration with the thread's Poller (through a Waker, which
   // holds this device weakly: the poller must not keep the device alive).
   Poller::Registration* registration_ = nullptr;
-  Poller* poller_ = nullptr;    // the loop's (PollBurst)
+  Poller* poller_ = nullptr;    // the loop's: set (For) before any registration, kept after
   bool sleeping_ = false;       // waiting for the channel: its next event wakes the thread
   bool channel_ready_ = false;  // the channel reported events while the thread was not asleep
   bool busy_poll_;
