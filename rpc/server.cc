@@ -497,14 +497,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     return true;
   }
 
-  bool FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
-                  const google::protobuf::MessageLite* reply, bool deliver) override {
+  ReplyFate FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
+                       const google::protobuf::MessageLite* reply, bool deliver) override {
     core_->CallFinished();
     --calls_;
     held_bytes_ -= request_bytes;
     ++finished_;
-    if (!conn_ || conn_->closed()) return false;  // the caller is gone; nothing to deliver
-    bool sized = false;  // the FrameWriter sized the reply (its cached size is current)
+    // The caller is gone: nothing to deliver.
+    if (!conn_ || conn_->closed()) return ReplyFate::kUnsized;
+    ReplyFate fate = ReplyFate::kUnsized;
     FrameHeader h;
     h.type = FrameType::kResponse;
     h.call_id = call_id;
@@ -514,32 +515,42 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       SendError(h, Status(StatusCode::kCancelled, "cancelled by the caller"));
     } else if (status.ok()) {
       FrameWriter w(h, nullptr, reply);
-      sized = reply != nullptr;
-      if (w.size() <= conn_->max_message_bytes()) {
+      if (w.size() <= conn_->max_message_bytes()) [[likely]] {
         conn_->Send(w);
+        if (reply) fate = ReplyFate::kSent;
       } else {
-        SendError(h, Status(StatusCode::kResourceExhausted,
-                            "reply of " + std::to_string(w.size()) +
-                                " bytes exceeds the message limit of " +
-                                std::to_string(conn_->max_message_bytes())));
+        SendError(h, ReplyTooLarge(w.size()));
+        fate = ReplyFate::kRefused;
       }
     } else {
       SendError(h, status);
     }
     if (broken_ && calls_ == 0) {
       conn_->CloseAfterSending(kCloseGraceMs);
-      return sized;
+      return fate;
     }
     // A call finished while its request frame is being handled (a handler that did not
     // suspend) is checked once, at that frame's end: checking here too cost ~40 instructions.
     if (!in_frame_) Throttle();
-    return sized;
+    return fate;
+  }
+
+  Status CheckReply(size_t message_bytes) const override {
+    const size_t frame_bytes = kFrameHeaderBytes + message_bytes;  // as FinishCall's FrameWriter
+    if (!conn_ || frame_bytes <= conn_->max_message_bytes()) return Status();
+    return ReplyTooLarge(frame_bytes);
   }
 
  private:
   // How long a connection closing after a protocol error or an idle GOAWAY waits for its last
   // frames to reach the client (or, idle, for the client to close first).
   static constexpr int kCloseGraceMs = 5000;
+
+  [[gnu::cold]] Status ReplyTooLarge(size_t frame_bytes) const {
+    return Status(StatusCode::kResourceExhausted, "reply of " + std::to_string(frame_bytes) +
+                                                      " bytes exceeds the message limit of " +
+                                                      std::to_string(conn_->max_message_bytes()));
+  }
 
   void SendError(FrameHeader h, const Status& status) {
     h.status = static_cast<uint32_t>(status.code());

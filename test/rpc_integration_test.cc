@@ -1421,6 +1421,75 @@ TEST_CASE("metrics first in the interceptor list see and time what the others do
   CHECK(SampleValue(text, "rdmarpc_server_handling_seconds_sum" + m("Echo") + "}") >= 0.2);
 }
 
+TEST_CASE("a reply over the server's message limit is seen everywhere as the error the caller gets",
+          "[metrics][interceptors][limits]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  const bool interceptor = GENERATE(false, true);  // the runtime's own recording path, or theirs
+  INFO("over " << listen << (interceptor ? ", with an interceptor" : ", metrics alone"));
+  auto metrics = std::make_shared<Metrics>();
+  Journal j;
+  ServerOptions so{.io_threads = 1, .interceptors = {metrics->server_interceptor()}};
+  if (interceptor) so.interceptors.push_back(std::make_shared<RecordingServerInterceptor>("B", j));
+  so.transport.max_message_bytes = 4096;
+  TestServer ts(listen, so);
+  ChannelOptions o;
+  o.interceptors = {metrics->client_interceptor()};
+  auto ch = Channel::ConnectBlocking(ts.uri, o);
+  REQUIRE(ch.ok());
+  TestService::BlockingStub stub(*ch);
+  const auto m = [](const char* method) {
+    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
+  };
+
+  // Echo's reply is a few bytes larger than its request (budget_ms): payloads grow a byte at a
+  // time until the request still fits and the reply does not.
+  uint64_t ok_calls = 0, reply_bytes = 0;
+  Status failed;
+  for (size_t n = 4000; n < 4096; ++n) {
+    EchoRequest req;
+    req.set_payload(std::string(n, 'x'));
+    auto r = stub.Echo(req, {});
+    if (!r.ok()) {
+      failed = r.status();
+      break;
+    }
+    ++ok_calls;
+    reply_bytes += r->ByteSizeLong();
+  }
+  REQUIRE_FALSE(failed.ok());
+  INFO(failed.ToString());
+  REQUIRE(failed.code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(failed.message(), Catch::Contains("reply of"));
+  REQUIRE(ok_calls > 0);
+  auto after = stub.Echo(EchoRequest(), {.timeout = 10s});  // the connection serves on
+  REQUIRE(after.ok());
+  ++ok_calls;
+  reply_bytes += after->ByteSizeLong();
+
+  CHECK(Eventually(
+      [&] {
+        return SampleValue(metrics->Render(), "rdmarpc_server_handled_total" + m("Echo") +
+                                                  ",code=\"OK\"}") == double(ok_calls);
+      },
+      5000ms));
+  const std::string text = metrics->Render();
+  INFO(text);
+  for (const char* side : {"server", "client"}) {
+    const std::string p = std::string("rdmarpc_") + side + "_handled_total" + m("Echo");
+    CHECK(SampleValue(text, p + ",code=\"RESOURCE_EXHAUSTED\"}") == 1);
+    CHECK(SampleValue(text, p + ",code=\"OK\"}") == double(ok_calls));
+  }
+  // What went out: the replies that were sent, not the one refused.
+  CHECK(SampleValue(text, "rdmarpc_server_sent_bytes_total" + m("Echo") + "}") ==
+        double(reply_bytes));
+  if (interceptor) {
+    CHECK(Eventually([&] { return j.Size() == 2 * ok_calls + 2; }, 5000ms));
+    const auto events = j.Take();
+    CHECK(events[2 * ok_calls - 1] ==
+          "B finish /rdmarpc.testing.TestService/Echo RESOURCE_EXHAUSTED");
+  }
+}
+
 TEST_CASE("a latency falls in the first histogram bucket whose bound is at least it", "[metrics]") {
   auto metrics = std::make_shared<Metrics>();
   auto& m = metrics->server_methods().Get("/x.Y/Z");

@@ -120,6 +120,13 @@ struct RecycleCallJob {
 };
 using CallJobPtr = std::unique_ptr<CallJob, RecycleCallJob>;
 
+// What became of a unary call's reply (CallSink::FinishCall).
+enum class ReplyFate : uint8_t {
+  kUnsized,  // none was serialized or sized: no reply (an error, a stream), or no one to send to
+  kSent,     // sized (its cached size is current) and sent
+  kRefused,  // sized, and over the message limit: the caller got RESOURCE_EXHAUSTED instead
+};
+
 // Implemented by the server's connection: where a call runs and its response goes.
 class CallSink {
  public:
@@ -130,10 +137,12 @@ class CallSink {
   // Sends the response (reply when status is OK; when `deliver` is false because the caller
   // cancelled, only a CANCELLED acknowledgement, so that both ends stop counting the call at the
   // same moment) and releases the call's in-flight slot and the `request_bytes` it was charged.
-  // Called once per call, on the connection's thread. True when `reply` was serialized (its
-  // cached size is then current).
-  virtual bool FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
-                          const google::protobuf::MessageLite* reply, bool deliver) = 0;
+  // Called once per call, on the connection's thread.
+  virtual ReplyFate FinishCall(uint64_t call_id, size_t request_bytes, const Status& status,
+                               const google::protobuf::MessageLite* reply, bool deliver) = 0;
+  // The error FinishCall would send instead of a reply message of `message_bytes` (over the
+  // message limit), or OK: for those told of a call's end before its reply goes out.
+  virtual Status CheckReply(size_t message_bytes) const = 0;
   virtual void Track(CancelHook* hook) = 0;
   virtual void Untrack(CancelHook* hook) = 0;
   // Server streams: sends one message of call `call_id`'s stream and says what it cost in
@@ -226,11 +235,11 @@ class ServerCall {
     if (!sink) return false;
     if (observed_) [[unlikely]]
       return FinishObserved(*sink, status, reply);
-    return End(*sink, status, reply);
+    return End(*sink, status, reply) != ReplyFate::kUnsized;
   }
 
  private:
-  bool End(CallSink& sink, const Status& status, const google::protobuf::MessageLite* reply) {
+  ReplyFate End(CallSink& sink, const Status& status, const google::protobuf::MessageLite* reply) {
     if (tracked_) sink.Untrack(&hook_);
     tracked_ = false;
     // Messages the handler left unread stop counting against the connection with the call.
@@ -256,21 +265,36 @@ class ServerCall {
     if (interceptors_) {
       if (cancelled) [[unlikely]] {
         FinishInterceptorsCancelled();
+      } else if (reply && status.ok()) {
+        // They hear what the caller will: a reply over the message limit goes out as an error.
+        const size_t bytes = reply->ByteSizeLong();
+        if (Status refused = sink.CheckReply(bytes); !refused.ok()) [[unlikely]] {
+          TellInterceptors(refused);
+        } else {
+          ContextAccess::CountSent(context_, bytes);
+          TellInterceptors(status);
+        }
       } else {
-        if (reply && status.ok()) ContextAccess::CountSent(context_, reply->ByteSizeLong());
         TellInterceptors(status);
       }
     }
-    const bool sized = End(sink, status, reply);
+    const ReplyFate fate = End(sink, status, reply);
     if (stats_) {
       // The reply's size from its serialization, unless the interceptors counted it already.
       uint64_t sent = context_.bytes_sent();
-      if (sized && !interceptors_) sent += static_cast<uint64_t>(reply->GetCachedSize());
-      stats_->Finished(cancelled ? StatusCode::kCancelled : status.code(),
-                       std::chrono::steady_clock::now() - started_, context_.bytes_received(),
+      if (fate == ReplyFate::kSent && !interceptors_) {
+        sent += static_cast<uint64_t>(reply->GetCachedSize());
+      }
+      StatusCode code = status.code();
+      if (cancelled) [[unlikely]] {
+        code = StatusCode::kCancelled;
+      } else if (fate == ReplyFate::kRefused) [[unlikely]] {
+        code = StatusCode::kResourceExhausted;
+      }
+      stats_->Finished(code, std::chrono::steady_clock::now() - started_, context_.bytes_received(),
                        sent);
     }
-    return sized;
+    return fate != ReplyFate::kUnsized;
   }
   // The caller cancelled: the interceptors see CANCELLED whatever the handler returned. Apart,
   // so that the common path builds no Status of its own (inline, it kept an optional<Status>
