@@ -1210,6 +1210,14 @@ double SampleValue(const std::string& text, const std::string& series) {
   return -1;
 }
 
+namespace {
+// The first label of TestService's `method` in a metrics sample, for a sample name to be
+// followed by more labels or by "}".
+std::string MethodLabels(const char* method) {
+  return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
+}
+}  // namespace
+
 TEST_CASE("metrics count every call per method, status, latency and bytes, on both sides",
           "[metrics]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
@@ -1223,9 +1231,7 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   auto ch = Channel::ConnectBlocking(ts.uri, o);
   REQUIRE(ch.ok());
   TestService::BlockingStub stub(*ch);
-  const auto m = [](const char* method) {
-    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
-  };
+  const auto m = MethodLabels;
   const auto value = [&](const std::string& series) {
     return SampleValue(metrics->Render(), series);
   };
@@ -1371,9 +1377,7 @@ TEST_CASE("metrics first in the interceptor list see and time what the others do
   auto ch = Channel::ConnectBlocking(ts.uri, o);
   REQUIRE(ch.ok());
   TestService::BlockingStub stub(*ch);
-  const auto m = [](const char* method) {
-    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
-  };
+  const auto m = MethodLabels;
 
   REQUIRE(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
   // Rejected by the server's B, after its OnStart.
@@ -1437,9 +1441,7 @@ TEST_CASE("a reply over the server's message limit is seen everywhere as the err
   auto ch = Channel::ConnectBlocking(ts.uri, o);
   REQUIRE(ch.ok());
   TestService::BlockingStub stub(*ch);
-  const auto m = [](const char* method) {
-    return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
-  };
+  const auto m = MethodLabels;
 
   // Echo's reply is a few bytes larger than its request (budget_ms): payloads grow a byte at a
   // time until the request still fits and the reply does not.
