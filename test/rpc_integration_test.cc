@@ -1485,7 +1485,7 @@ TEST_CASE("a reply over the server's message limit is seen everywhere as the err
   CHECK(SampleValue(text, "rdmarpc_server_sent_bytes_total" + m("Echo") + "}") ==
         double(reply_bytes));
   if (interceptor) {
-    CHECK(Eventually([&] { return j.Size() == 2 * ok_calls + 2; }, 5000ms));
+    REQUIRE(Eventually([&] { return j.Size() == 2 * ok_calls + 2; }, 5000ms));
     const auto events = j.Take();
     CHECK(events[2 * ok_calls - 1] ==
           "B finish /rdmarpc.testing.TestService/Echo RESOURCE_EXHAUSTED");
