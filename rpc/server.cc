@@ -546,6 +546,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // frames to reach the client (or, idle, for the client to close first).
   static constexpr int kCloseGraceMs = 5000;
 
+  // What the caller gets instead of a reply frame of `frame_bytes` over the message limit.
   [[gnu::cold]] Status ReplyTooLarge(size_t frame_bytes) const {
     return Status(StatusCode::kResourceExhausted, "reply of " + std::to_string(frame_bytes) +
                                                       " bytes exceeds the message limit of " +
