@@ -8,8 +8,9 @@
 // returning a non-OK Status, which the caller gets instead of running the handler. OnFinish runs
 // when the call has ended, in reverse order, for every interceptor whose OnStart let the call
 // through (after a rejection: those before the one that rejected), with the Status the caller
-// is sent (the handler's; CANCELLED when the caller cancelled; RESOURCE_EXHAUSTED when the
-// reply is over the message limit) and how long it took since OnStart.
+// is sent (the handler's; CANCELLED when the caller cancelled or its connection closed first;
+// RESOURCE_EXHAUSTED when the reply is over the message limit) and how long it took since
+// OnStart.
 //
 // Client (ChannelOptions::interceptors): OnStart runs before a call is sent (streams: opened),
 // in list order, on the channel's thread; it may add metadata to the call's options or reject

@@ -503,8 +503,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     --calls_;
     held_bytes_ -= request_bytes;
     ++finished_;
-    // The caller is gone: nothing to deliver.
-    if (!conn_ || conn_->closed()) return ReplyFate::kUnsized;
+    if (CallerGone()) return ReplyFate::kUndelivered;  // nothing to deliver
     ReplyFate fate = ReplyFate::kUnsized;
     FrameHeader h;
     h.type = FrameType::kResponse;
@@ -534,6 +533,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (!in_frame_) Throttle();
     return fate;
   }
+
+  bool CallerGone() const override { return !conn_ || conn_->closed(); }
 
   Status CheckReply(size_t message_bytes) const override {
     const size_t frame_bytes = kFrameHeaderBytes + message_bytes;  // as FinishCall's FrameWriter

@@ -122,9 +122,10 @@ using CallJobPtr = std::unique_ptr<CallJob, RecycleCallJob>;
 
 // What became of a unary call's reply (CallSink::FinishCall).
 enum class ReplyFate : uint8_t {
-  kUnsized,  // none was serialized or sized: no reply (an error, a stream), or no one to send to
-  kSent,     // sized (its cached size is current) and sent
-  kRefused,  // sized, and over the message limit: the caller got RESOURCE_EXHAUSTED instead
+  kUnsized,      // none was serialized or sized: no reply (an error status, a stream)
+  kSent,         // sized (its cached size is current) and sent
+  kRefused,      // sized, and over the message limit: the caller got RESOURCE_EXHAUSTED instead
+  kUndelivered,  // nothing sent: the connection is closed (see CallSink::CallerGone)
 };
 
 // Implemented by the server's connection: where a call runs and its response goes.
@@ -143,6 +144,10 @@ class CallSink {
   // The error FinishCall would send instead of a reply message of `message_bytes` (over the
   // message limit), or OK: for those told of a call's end before its reply goes out.
   virtual Status CheckReply(size_t message_bytes) const = 0;
+  // The connection is closed: nothing more reaches the caller. Its close, once delivered on the
+  // connection's thread, cancels the calls still running; a call that ends before that (its
+  // completion was queued first) is treated as cancelled too.
+  virtual bool CallerGone() const = 0;
   virtual void Track(CancelHook* hook) = 0;
   virtual void Untrack(CancelHook* hook) = 0;
   // Server streams: sends one message of call `call_id`'s stream and says what it cost in
@@ -235,10 +240,14 @@ class ServerCall {
     if (!sink) return false;
     if (observed_) [[unlikely]]
       return FinishObserved(*sink, status, reply);
-    return End(*sink, status, reply) != ReplyFate::kUnsized;
+    return Sized(End(*sink, status, reply));
   }
 
  private:
+  static bool Sized(ReplyFate fate) {
+    return fate == ReplyFate::kSent || fate == ReplyFate::kRefused;
+  }
+
   ReplyFate End(CallSink& sink, const Status& status, const google::protobuf::MessageLite* reply) {
     if (tracked_) sink.Untrack(&hook_);
     tracked_ = false;
@@ -261,8 +270,12 @@ class ServerCall {
   }
   [[gnu::noinline]] bool FinishObserved(CallSink& sink, const Status& status,
                                         const google::protobuf::MessageLite* reply) {
-    const bool cancelled = context_.cancelled();
+    bool cancelled = context_.cancelled();
     if (interceptors_) {
+      // Told before the reply goes out, they learn of a closed connection here (the metrics
+      // recorder below, after, from FinishCall).
+      if (!cancelled && sink.CallerGone()) [[unlikely]]
+        cancelled = true;
       if (cancelled) [[unlikely]] {
         FinishInterceptorsCancelled();
       } else if (reply && status.ok()) {
@@ -286,7 +299,7 @@ class ServerCall {
         sent += static_cast<uint64_t>(reply->GetCachedSize());
       }
       StatusCode code = status.code();
-      if (cancelled) [[unlikely]] {
+      if (cancelled || fate == ReplyFate::kUndelivered) [[unlikely]] {
         code = StatusCode::kCancelled;
       } else if (fate == ReplyFate::kRefused) [[unlikely]] {
         code = StatusCode::kResourceExhausted;
@@ -294,7 +307,7 @@ class ServerCall {
       stats_->Finished(code, std::chrono::steady_clock::now() - started_, context_.bytes_received(),
                        sent);
     }
-    return fate != ReplyFate::kUnsized;
+    return Sized(fate);
   }
   // The caller cancelled: the interceptors see CANCELLED whatever the handler returned. Apart,
   // so that the common path builds no Status of its own (inline, it kept an optional<Status>
