@@ -511,8 +511,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     internal::FrameWriter writer(h, nullptr, &message);
     if (const size_t max = MaxMessageBytes(); writer.size() > max) [[unlikely]] {
       StopStream(index, Status(StatusCode::kResourceExhausted,
-                               "stream message of " + std::to_string(writer.size()) +
-                                   " bytes exceeds the message limit of " + std::to_string(max)));
+                               OverLimitText("stream message", writer.size(), max)));
       return false;
     }
     if (!conn_->Send(writer)) return false;  // closing: the stream fails with UNAVAILABLE
@@ -684,8 +683,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       FreeSlot(index);
       WakeWaiters();
       return Status(StatusCode::kResourceExhausted,
-                    "request of " + std::to_string(writer.size()) +
-                        " bytes exceeds the message limit of " + std::to_string(max_message) +
+                    OverLimitText("request", writer.size(), max_message) +
                         (max_message == conn_->max_message_bytes() ? "" : " set by the server"));
     }
     if (!conn_->Send(writer)) [[unlikely]] {

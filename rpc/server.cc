@@ -485,10 +485,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     h.call_id = call_id;
     FrameWriter w(h, nullptr, &message);
     if (w.size() > conn_->max_message_bytes()) {
-      *error =
-          Status(StatusCode::kResourceExhausted, "stream message of " + std::to_string(w.size()) +
-                                                     " bytes exceeds the message limit of " +
-                                                     std::to_string(conn_->max_message_bytes()));
+      *error = Status(StatusCode::kResourceExhausted,
+                      OverLimitText("stream message", w.size(), conn_->max_message_bytes()));
       return false;
     }
     if (!conn_->Send(w)) return false;
@@ -549,9 +547,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
   // What the caller gets instead of a reply frame of `frame_bytes` over the message limit.
   [[gnu::cold]] Status ReplyTooLarge(size_t frame_bytes) const {
-    return Status(StatusCode::kResourceExhausted, "reply of " + std::to_string(frame_bytes) +
-                                                      " bytes exceeds the message limit of " +
-                                                      std::to_string(conn_->max_message_bytes()));
+    return Status(StatusCode::kResourceExhausted,
+                  OverLimitText("reply", frame_bytes, conn_->max_message_bytes()));
   }
 
   void SendError(FrameHeader h, const Status& status) {

@@ -28,6 +28,13 @@ inline constexpr size_t kFrameHeaderBytes = 32;
 // Metadata is small by design (routing keys, trace ids); larger data belongs in the message.
 inline constexpr size_t kMaxMetadataBytes = 64 * 1024;
 
+// The text of the RESOURCE_EXHAUSTED for a frame over the message limit, both ends alike: `what`
+// ("request", "reply", "stream message") of `frame_bytes` against `limit`.
+inline std::string OverLimitText(std::string_view what, size_t frame_bytes, size_t limit) {
+  return std::string(what) + " of " + std::to_string(frame_bytes) +
+         " bytes exceeds the message limit of " + std::to_string(limit);
+}
+
 // A status message on the wire (RESPONSE with an error, GOAWAY) is text for people and logs, not a
 // data channel: at most this many bytes. StatusTextCut: the longest prefix of `text` within the
 // limit that does not end inside a UTF-8 sequence.
