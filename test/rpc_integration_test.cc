@@ -1216,6 +1216,14 @@ namespace {
 std::string MethodLabels(const char* method) {
   return std::string("{method=\"/rdmarpc.testing.TestService/") + method + "\"";
 }
+// A blocking channel to `uri` whose calls `metrics` records.
+std::shared_ptr<Channel> MeteredChannel(const std::string& uri, Metrics& metrics) {
+  ChannelOptions o;
+  o.interceptors = {metrics.client_interceptor()};
+  auto ch = Channel::ConnectBlocking(uri, o);
+  REQUIRE(ch.ok());
+  return *ch;
+}
 }  // namespace
 
 TEST_CASE("metrics count every call per method, status, latency and bytes, on both sides",
@@ -1226,11 +1234,7 @@ TEST_CASE("metrics count every call per method, status, latency and bytes, on bo
   TestServer ts(listen,
                 ServerOptions{.io_threads = 1, .interceptors = {metrics->server_interceptor()}});
   metrics->Watch(ts.server);
-  ChannelOptions o;
-  o.interceptors = {metrics->client_interceptor()};
-  auto ch = Channel::ConnectBlocking(ts.uri, o);
-  REQUIRE(ch.ok());
-  TestService::BlockingStub stub(*ch);
+  TestService::BlockingStub stub(MeteredChannel(ts.uri, *metrics));
   const auto m = MethodLabels;
   const auto value = [&](const std::string& series) {
     return SampleValue(metrics->Render(), series);
@@ -1436,11 +1440,7 @@ TEST_CASE("a reply over the server's message limit is seen everywhere as the err
   if (interceptor) so.interceptors.push_back(std::make_shared<RecordingServerInterceptor>("B", j));
   so.transport.max_message_bytes = 4096;
   TestServer ts(listen, so);
-  ChannelOptions o;
-  o.interceptors = {metrics->client_interceptor()};
-  auto ch = Channel::ConnectBlocking(ts.uri, o);
-  REQUIRE(ch.ok());
-  TestService::BlockingStub stub(*ch);
+  TestService::BlockingStub stub(MeteredChannel(ts.uri, *metrics));
   const auto m = MethodLabels;
 
   // Echo's reply is a few bytes larger than its request (budget_ms): payloads grow a byte at a
