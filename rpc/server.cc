@@ -1159,6 +1159,12 @@ std::vector<std::string> Server::listening_uris() const {
 
 int64_t Server::in_flight_calls() const { return core_->in_flight.load(); }
 
+int64_t Server::connections_in_setup() const {
+  int64_t n = 0;
+  for (auto& l : core_->listeners) n += l->connections_in_setup();
+  return n;
+}
+
 int64_t Server::connections() const { return core_->connections.load(); }
 
 int64_t Server::throttle_events() const { return core_->throttled.load(); }

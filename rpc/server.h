@@ -130,6 +130,11 @@ class Server {
   int64_t in_flight_calls() const;
   // Client connections currently served (not counting ones turned away at the limit).
   int64_t connections() const;
+  // Connections accepted whose set-up (handshake) has not ended, over all listeners. Per
+  // listener, ServerOptions::transport.max_handshakes once the set-ups given up for newer ones
+  // have gone (they count until then; twice the bound at most). Any thread, but not while
+  // Listen runs (as listening_uris).
+  int64_t connections_in_setup() const;
   // How many times a connection went over max_buffered_bytes_per_connection (or its share of
   // max_buffered_bytes) and was paused.
   int64_t throttle_events() const;

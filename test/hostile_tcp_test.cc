@@ -591,7 +591,10 @@ TEST_CASE("handshakes given up for newer ones are counted for monitoring", "[hos
   for (int i = 0; i < 6; ++i) fds.push_back(RawConnect(PortOf(ts.uri)));
   // rdmarpc_transport_handshakes_given_up_total: one for each silent connection past the 2.
   CHECK(Eventually([&] { return given_up() >= before + 4; }, 5000ms));
+  // Those given up have gone; the newest two still wait for their HELLO, until they hang up.
+  CHECK(Eventually([&] { return ts.server.connections_in_setup() == 2; }, 5000ms));
   for (int fd : fds) close(fd);
+  CHECK(Eventually([&] { return ts.server.connections_in_setup() == 0; }, 5000ms));
 }
 
 // Over max_connections a client used to be set up in full, told GOAWAY and held up to a second:

@@ -78,6 +78,8 @@ class AcceptorCore {
   // (boost::asio::bind_cancellation_slot), make the give-up end its waits, and have it hold a
   // SetUpEnd for its whole life. The listener's thread only.
   std::shared_ptr<SetUp> BeginSetUp(const Executor& ex);
+  // Set-ups begun and not yet ended. Any thread.
+  int set_ups_now() const { return set_ups_now_.load(); }
   // Ends a set-up (established, refused, failed or given up) when it goes out of scope; on the
   // set-up's own thread.
   class SetUpEnd {

@@ -204,6 +204,9 @@ class Listener {
   virtual void Close() = 0;
   // The bound address, with the real port when 0 was asked for.
   virtual std::string uri() const = 0;
+  // Connections accepted whose set-up has not ended yet (Options::max_handshakes bounds them;
+  // a set-up given up for a newer one counts until it has gone). Any thread.
+  virtual int connections_in_setup() const = 0;
 };
 
 // Called with each accepted connection, on that connection's executor, before Start.

@@ -376,6 +376,8 @@ class InprocListener final : public Listener {
     std::lock_guard lock(r.mu);
     r.listeners.erase({state_->name, state_->port});
   }
+  // An in-process connection has no set-up to wait on: it is handed over whole.
+  int connections_in_setup() const override { return 0; }
   std::string uri() const override {
     return Endpoint{Scheme::kInproc, state_->name, state_->port}.ToUri();
   }

@@ -240,6 +240,7 @@ class RdmaListener final : public Listener {
   }
 
   std::string uri() const override { return uri_; }
+  int connections_in_setup() const override { return state_->set_ups_now(); }
 
  private:
   std::shared_ptr<State> state_;

@@ -989,6 +989,7 @@ class TcpListener final : public Listener {
   }
 
   std::string uri() const override { return uri_; }
+  int connections_in_setup() const override { return state_->set_ups_now(); }
 
  private:
   std::shared_ptr<State> state_;
