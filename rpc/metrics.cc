@@ -317,6 +317,11 @@ std::string Metrics::Render() const {
              "taken), against ServerOptions::max_buffered_bytes; to within 32 KiB a connection.");
     w.Sample("rdmarpc_server_buffered_bytes", "",
              static_cast<double>(server_watched_->buffered_bytes()));
+    w.Family("rdmarpc_server_receiving_bytes", "gauge",
+             "Bytes the connections hold for messages still arriving (large ones come in "
+             "pieces), against ServerOptions::max_buffered_bytes.");
+    w.Sample("rdmarpc_server_receiving_bytes", "",
+             static_cast<double>(server_watched_->receiving_bytes()));
   }
   RenderTransport(w);
   for (const Custom& c : custom_) {

@@ -188,6 +188,12 @@ struct ServerCore {
   std::atomic<int64_t> connections{0};  // served, not counting those turned away
   // What the connections hold (ServerOptions::max_buffered_bytes), as each last reported it.
   std::atomic<int64_t> buffered{0};
+  // What they hold for messages still arriving (ConnectionHandler::OnReceiveHeld), against the
+  // same bound; and the one connection (its id; 0: none) whose arriving message goes on while
+  // that is over the bound, so that some large message always can (see WaitForRoom).
+  std::atomic<int64_t> receiving{0};
+  std::atomic<uint64_t> receive_token{0};
+  std::atomic<uint64_t> next_connection_id{1};
 
   // Connections served per client address (ServerOptions::max_connections_per_peer; empty when
   // it is 0). Touched as connections open and close, never per call.
@@ -286,7 +292,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
         executor_(conn_->executor()),
         peer_(std::make_shared<const std::string>(conn_->peer())),
         idle_timer_(executor_),
-        break_timer_(executor_) {}
+        break_timer_(executor_),
+        room_timer_(executor_) {}
 
   const transport::Executor& executor() const override { return executor_; }
 
@@ -423,11 +430,21 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
   void OnSendProgress() override { Throttle(); }
 
+  void OnReceiveHeld(size_t bytes) override {
+    receiving_ = bytes;
+    WaitForRoom();
+  }
+
   void OnClose(const transport::Error& reason) override {
     spdlog::debug("server: connection from {} closed: {}", *peer_, reason.message);
     keepalive_.Stop();
     idle_timer_.cancel();
     break_timer_.cancel();
+    room_timer_.cancel();
+    receiving_ = 0;
+    core_->receiving.fetch_sub(int64_t(std::exchange(receiving_counted_, 0)),
+                               std::memory_order_relaxed);
+    ReleaseReceiveToken();
     conn_.reset();
     if (counted_) core_->connections.fetch_sub(1);
     counted_ = false;
@@ -584,10 +601,82 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                     core_->buffered.load(std::memory_order_relaxed),
                     core_->options.max_buffered_bytes);
       conn_->PauseReceiving();
-    } else if (paused_ && BackUnder(used)) {
+    } else if (paused_ && !waiting_room_ && BackUnder(used)) {
       paused_ = false;
       conn_->ResumeReceiving();
     }
+  }
+
+  // Messages still arriving (ConnectionHandler::OnReceiveHeld): what all connections hold for
+  // them is held to ServerOptions::max_buffered_bytes. A connection whose arriving message needs
+  // more than fits waits (is not read) until it fits, so that many peers each sending most of a
+  // large message cannot add up past the bound; what it asks for is counted only once it fits
+  // (over RDMA nothing is taken for it until then; over TCP the buffer's last growth was, which
+  // bounds what a waiting connection holds uncounted). Waiting connections must not all wait
+  // for each other (legitimate large calls, together over the bound, would never arrive): one
+  // at a time goes on regardless, the one holding the server's receive token, until its
+  // message has arrived. A connection that waits looks again on a timer (1 ms, doubling to
+  // 64 ms): the room is made on other threads, and a timer needs no list of waiters shared
+  // across them.
+  [[gnu::noinline]] void WaitForRoom() {
+    if (!conn_) return;
+    const size_t bound = core_->options.max_buffered_bytes;
+    bool wait = false;
+    if (receiving_ <= receiving_counted_) {  // less (or nothing) now: give the rest back
+      core_->receiving.fetch_sub(int64_t(receiving_counted_ - receiving_),
+                                 std::memory_order_relaxed);
+      receiving_counted_ = receiving_;
+      if (receiving_ == 0) ReleaseReceiveToken();
+    } else {
+      const int64_t more = int64_t(receiving_ - receiving_counted_);
+      if (bound != 0 && !has_receive_token_ &&
+          core_->receiving.load(std::memory_order_relaxed) + more > int64_t(bound)) {
+        uint64_t none = 0;
+        if (core_->receive_token.compare_exchange_strong(none, id_)) {
+          has_receive_token_ = true;
+        } else {
+          wait = true;
+        }
+      }
+      if (!wait) {
+        core_->receiving.fetch_add(more, std::memory_order_relaxed);
+        receiving_counted_ = receiving_;
+      }
+    }
+    if (wait) {
+      if (!waiting_room_) {
+        waiting_room_ = true;
+        room_backoff_ms_ = 1;
+        ++core_->throttled;
+        spdlog::debug(
+            "server: {} needs {} bytes for messages still arriving (the server holds {} of "
+            "{} for such): not reading from it until they fit",
+            *peer_, receiving_, core_->receiving.load(std::memory_order_relaxed), bound);
+        if (!paused_) {
+          paused_ = true;
+          conn_->PauseReceiving();
+        }
+      }
+      room_timer_.expires_after(std::chrono::milliseconds(room_backoff_ms_));
+      room_backoff_ms_ = std::min(room_backoff_ms_ * 2, 64);
+      room_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+        if (auto self = weak.lock(); self && !ec) self->WaitForRoom();
+      });
+      return;
+    }
+    if (!waiting_room_) return;
+    waiting_room_ = false;
+    room_timer_.cancel();
+    if (paused_ && !broken_ && !Over(BufferedBytes())) {
+      paused_ = false;
+      conn_->ResumeReceiving();
+    }
+  }
+
+  [[gnu::noinline]] void ReleaseReceiveToken() {
+    if (!has_receive_token_) return;
+    has_receive_token_ = false;
+    core_->receive_token.store(0);
   }
 
   // Whether a connection holding `used` bytes must not be read: over its own budget, or over
@@ -861,6 +950,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   std::shared_ptr<const std::string> peer_;
   asio::steady_timer idle_timer_;
   asio::steady_timer break_timer_;  // closes a broken connection whose calls do not end
+  asio::steady_timer room_timer_;   // WaitForRoom looks again
   uint32_t calls_ = 0;              // running on this connection
   uint32_t last_method_id_ = 0;     // the method of the last request (see FindMethod)
   const ServerCore::HostedMethod* last_hosted_ = nullptr;
@@ -873,7 +963,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   std::string peer_host_;
   bool goaway_sent_ = false;
   bool idle_goaway_ = false;
-  bool paused_ = false;               // receiving paused by Throttle
+  bool paused_ = false;  // receiving paused by Throttle (or WaitForRoom)
+  // Messages still arriving (WaitForRoom): what this connection holds (or, over RDMA, is about
+  // to take) for them; waiting for room; holding the server's receive token.
+  const uint64_t id_ = core_->next_connection_id.fetch_add(1);
+  size_t receiving_ = 0;          // as the transport last said
+  size_t receiving_counted_ = 0;  // of that, what fitted and is counted in core_->receiving
+  bool waiting_room_ = false;
+  bool has_receive_token_ = false;
+  int room_backoff_ms_ = 1;
   bool writers_over_budget_ = false;  // a stream writer waits for the budget (OverBudget)
   size_t reported_ = 0;               // what this connection last added to core_->buffered (Report)
   // Below this a connection is over no bound and has nothing to report: the smaller of
@@ -1169,5 +1267,6 @@ int64_t Server::connections() const { return core_->connections.load(); }
 
 int64_t Server::throttle_events() const { return core_->throttled.load(); }
 int64_t Server::buffered_bytes() const { return core_->buffered.load(); }
+int64_t Server::receiving_bytes() const { return core_->receiving.load(); }
 
 }  // namespace rdmarpc

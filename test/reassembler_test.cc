@@ -99,3 +99,32 @@ TEST_CASE("any read pattern keeps the buffer within one message", "[reassembler]
   }
   CHECK(got == 7);
 }
+
+// What the transport tells the server a peer's unfinished message holds (held_for_partial),
+// which a server bounds across connections: known before the buffer grows for it, so that a
+// server can decline the growth; nothing for small messages or for a grown buffer kept empty.
+TEST_CASE("an unfinished large message's hold is known before the buffer grows for it",
+          "[reassembler]") {
+  StreamReassembler r(kInitial, kMaxMessage);
+  const std::string big = Message(1 << 20);
+  // The first read fills the initial buffer with the message's start.
+  CHECK(Feed(r, big.substr(0, kInitial)) == 0);
+  CHECK(r.capacity() == kInitial);
+  CHECK(r.full());
+  CHECK(r.held_for_partial() == 2 * kInitial);  // what the next read's room grows it to
+  r.Writable();
+  CHECK(r.capacity() == 2 * kInitial);
+  CHECK(r.held_for_partial() == 2 * kInitial);
+  // Grown as it arrives, never past the message (plus its prefix).
+  CHECK(Feed(r, big.substr(kInitial, (1 << 20) - kInitial)) == 0);
+  CHECK(r.held_for_partial() >= r.capacity());  // (more when it is full: the next growth)
+  CHECK(r.held_for_partial() <= big.size());
+  CHECK(Feed(r, big.substr(1 << 20)) == 1);
+  CHECK(r.held_for_partial() == 0);  // the grown buffer, kept for the next one, holds nothing
+  CHECK(r.capacity() > kInitial);
+  // A small message in pieces holds nothing beyond the initial buffer.
+  const std::string small = Message(1000);
+  CHECK(Feed(r, small.substr(0, 500)) == 0);
+  CHECK(r.held_for_partial() == 0);
+  CHECK(Feed(r, small.substr(500)) == 1);
+}

@@ -478,6 +478,41 @@ TEST_CASE("an oversized request fails with RESOURCE_EXHAUSTED and the channel ke
   REQUIRE(stub.Echo(small).ok());
 }
 
+// Large messages still arriving are held to ServerOptions::max_buffered_bytes (see
+// hostile_tcp_test); connections over it wait for room. They must not wait for each other for
+// ever: callers whose large requests together exceed the bound, and one larger than the bound
+// alone, all get their replies.
+TEST_CASE("large calls that together exceed the server-wide bound while arriving all arrive",
+          "[rpc][limits]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO(listen);
+  InitLogging("", "info");  // RDMARPC_LOG_LEVEL=debug shows each connection that waits for room
+  ServerOptions so;
+  so.max_buffered_bytes = 4 << 20;
+  TestServer ts(listen, so);
+  constexpr int kCallers = 6, kCalls = 3;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      auto ch = Channel::ConnectBlocking(ts.uri);  // a connection each
+      if (!ch.ok()) return;
+      EchoRequest req;
+      req.set_payload(std::string(i == 0 ? 6 << 20 : 3 << 20, char('a' + i)));
+      for (int k = 0; k < kCalls; ++k) {
+        auto r = TestService::BlockingStub(*ch).Echo(req, {.timeout = 60s});
+        if (r.ok() && r->payload() == req.payload()) ++ok;
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  std::printf("%s: %d large calls over a 4 MiB server-wide bound, %lld throttle events\n",
+              listen.c_str(), ok.load(), static_cast<long long>(ts.server.throttle_events()));
+  CHECK(ok == kCallers * kCalls);
+  CHECK(Eventually([&] { return ts.server.receiving_bytes() == 0; }, 5000ms));
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 5000ms));
+}
+
 TEST_CASE("shutdown with calls in flight drains them; none hangs", "[rpc][shutdown]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   auto ts =

@@ -454,6 +454,10 @@ void RdmaConnection::MaybeFinishClosing() {
 
 void RdmaConnection::Drain() {
   while (!paused_ && !handler_.closed()) {
+    if (deferred_) {  // the last record taken: its read goes behind those already started
+      StartDeferred();
+      continue;
+    }
     if (!fetches_.empty()) {
       if (fetches_.front().done) {
         DeliverFetched();
@@ -545,10 +549,24 @@ void RdmaConnection::PostRead(const Fetch& f) {
   PostSend(wr, /*signal=*/true, WrTag(kTagRead, f.slot));
 }
 
+void RdmaConnection::StartDeferred() {
+  const DeferredFetch d = *deferred_;
+  deferred_.reset();
+  StartFetch(d.total, d.where);  // (counted as told: fetch_bytes_ takes over from deferred_)
+}
+
+void RdmaConnection::TellHeld() {
+  const uint64_t held = fetch_bytes_ + (deferred_ ? deferred_->total : 0) + assembler_.buffered();
+  if (held == told_held_ || handler_.closed()) return;
+  told_held_ = held;
+  if (ConnectionHandler* h = handler_.get()) h->OnReceiveHeld(held);
+}
+
 void RdmaConnection::DeliverFetched() {
   Fetch f = std::move(fetches_.front());
   fetches_.pop_front();
   fetch_bytes_ -= f.bytes;
+  TellHeld();
   if (PostWrite(0, 0, kImmFinBit | f.slot)) {
     const std::byte* data = f.copy ? f.copy.get() : f.buf.data();
     handler_.get()->OnMessage(std::span<const std::byte>(data, f.bytes));
@@ -700,14 +718,20 @@ void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
         CloseWith(std::move(r.error));
         return;
       case RecordAssembler::Result::kRendezvous:
-        StartFetch(r.total, r.rendezvous);
+        // The handler hears of the message's size before its buffer is taken, and may pause
+        // us for it (over a server's memory budget): the read then waits for the resume.
+        deferred_ = DeferredFetch{r.total, r.rendezvous};
+        TellHeld();
+        if (!paused_ && !handler_.closed()) StartDeferred();
         break;
       case RecordAssembler::Result::kMessage:
         // Reassembled from chunks (a whole message in one record went the inline way above).
         handler_.get()->OnMessage(r.message);
         assembler_.Release();
+        if (!handler_.closed()) TellHeld();
         break;
       case RecordAssembler::Result::kNeedMore:
+        TellHeld();  // one more chunk assembled
         break;
     }
   }
@@ -728,6 +752,7 @@ void RdmaConnection::CloseWith(std::string reason) {
   pending_bytes_ = pending_sent_ = 0;
   held_.clear();
   held_bytes_ = 0;
+  deferred_.reset();
   assembler_.Reset();
   asio::post(executor_, [self = shared_from_this()] { self->handler_.DeliverClose(); });
 }

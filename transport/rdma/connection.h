@@ -167,6 +167,12 @@ class RdmaConnection final : public Connection,
 
   // A rendezvous record: reads the message from the peer's window into a buffer of ours.
   void StartFetch(uint32_t total, const Rendezvous& where);
+  // Starts the read of the rendezvous that the handler heard of first (TellHeld) and that
+  // paused receiving: deferred_ holds it until receiving resumes.
+  void StartDeferred();
+  // Tells the handler what is held for messages still arriving (reads started or deferred,
+  // chunks assembled so far) when that changed: ConnectionHandler::OnReceiveHeld.
+  void TellHeld();
 
   // The front large message has been read: the FIN lets the peer reuse its buffer, then the
   // message is handed up in place.
@@ -299,7 +305,13 @@ class RdmaConnection final : public Connection,
   void PostRead(const Fetch& f);
   std::deque<Fetch> fetches_;
   uint64_t fetch_bytes_ = 0;
-  RecordAssembler assembler_;  // records back into messages
+  struct DeferredFetch {
+    uint32_t total = 0;
+    Rendezvous where;
+  };
+  std::optional<DeferredFetch> deferred_;  // a rendezvous whose handler paused us first
+  uint64_t told_held_ = 0;                 // what TellHeld last said
+  RecordAssembler assembler_;              // records back into messages
   HandlerSlot handler_;
   StartGate<ibv_wc> early_;  // completions that arrived before Start (and its replay)
 };

@@ -47,12 +47,7 @@ class StreamReassembler {
       end_ -= begin_;
       begin_ = 0;
     }
-    if (end_ == cap_) {
-      // Double, but never past what the message being read needs.
-      size_t next = std::min(cap_ * 2, std::max(want, initial_));
-      if (next <= cap_) next = cap_ + initial_;  // only when misused (a whole message unread)
-      Reallocate(next);
-    }
+    if (end_ == cap_) Reallocate(GrownCapacity());
     return {buf_.get() + end_, cap_ - end_};
   }
   void Commit(size_t n) { end_ += n; }
@@ -96,6 +91,17 @@ class StreamReassembler {
 
   size_t buffered() const { return end_ - begin_; }
   size_t capacity() const { return cap_; }
+  // What the buffer holds for a message larger than the initial buffer that has only partly
+  // arrived: its capacity, or, when it is full (the next Writable grows it), the capacity it
+  // will grow to; else 0. What a peer that leaves a large message unfinished makes us hold,
+  // known before the buffer grows for it (a grown buffer kept for the next large message,
+  // with no such message in it, is not counted).
+  size_t held_for_partial() const {
+    if (end_ == begin_ || Wanted() <= initial_) return 0;
+    return end_ - begin_ == cap_ ? GrownCapacity() : cap_;
+  }
+  // Whether the buffer is full (a partial message in all of it).
+  bool full() const { return end_ - begin_ == cap_; }
   // Times the buffer was replaced (grown or shrunk), each a copy of what it held: for tests.
   size_t reallocations() const { return reallocations_; }
 
@@ -113,6 +119,12 @@ class StreamReassembler {
     const uint32_t len = PrefixAt(begin_);
     if (len > max_message_) return kLengthPrefixBytes;
     return kLengthPrefixBytes + size_t{len};
+  }
+
+  // What a full buffer grows to: double, but never past what the message being read needs.
+  size_t GrownCapacity() const {
+    const size_t next = std::min(cap_ * 2, std::max(Wanted(), initial_));
+    return next > cap_ ? next : cap_ + initial_;  // (only when misused: a whole message unread)
   }
 
   // Moves the buffered bytes to the front of a new buffer of `bytes` (left uninitialised: reads

@@ -691,14 +691,28 @@ class TcpConnection final : public Connection,
   // Delivers every complete message in the buffer, in place, then writes what the handler
   // queued meanwhile. False when delivery stopped early (paused, closed, a message over the
   // limit): the rest stays in the buffer.
-  bool DeliverAndFlush() {
+  [[gnu::always_inline]] bool DeliverAndFlush() {
     delivering_ = true;
     const bool all = DeliverAll();
     delivering_ = false;
     if (!pending_.empty() && !flush_scheduled_) Flush();  // (does nothing once closed)
     // (Not while the kernel receives into the buffer: Settle may move it.)
     if (all && !receiving_) reader_.Settle(kShrinkAboveBytes);
+    // Only a buffer grown, or about to grow, for a large message can hold an unfinished one.
+    if (reader_.capacity() > kInitialReadBufferBytes || told_held_ != 0 || reader_.full())
+        [[unlikely]] {
+      TellHeld();
+    }
     return all && !handler_.closed();
+  }
+
+  // Tells the handler what the read buffer holds for an unfinished large message, when that
+  // changed (ConnectionHandler::OnReceiveHeld); it may pause receiving.
+  [[gnu::noinline]] void TellHeld() {
+    const size_t held = reader_.held_for_partial();
+    if (held == told_held_ || handler_.closed()) return;
+    told_held_ = held;
+    if (ConnectionHandler* h = handler_.get()) h->OnReceiveHeld(held);
   }
 
   // False when delivery stopped early: paused, closed or a message over the limit.
@@ -738,6 +752,7 @@ class TcpConnection final : public Connection,
   std::string peer_;
   HandlerSlot handler_;
   StreamReassembler reader_;
+  size_t told_held_ = 0;  // what TellHeld last said
   SendBuffer pending_, inflight_;
   size_t inflight_written_ = 0;  // bytes of inflight_ the kernel has taken
   bool writing_ = false;         // inflight_ waits for room in the socket
