@@ -309,7 +309,8 @@ std::string Metrics::Render() const {
     w.Sample("rdmarpc_server_calls_in_flight", "",
              static_cast<double>(server_watched_->in_flight_calls()));
     w.Family("rdmarpc_server_throttle_events_total", "counter",
-             "Times a connection went over its memory budget and was paused.");
+             "Times a connection went over its memory budget, or waited for room for a large "
+             "message still arriving, and was paused.");
     w.Sample("rdmarpc_server_throttle_events_total", "",
              static_cast<uint64_t>(server_watched_->throttle_events()));
     w.Family("rdmarpc_server_buffered_bytes", "gauge",

@@ -611,8 +611,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // them is held to ServerOptions::max_buffered_bytes. A connection whose arriving message needs
   // more than fits waits (is not read) until it fits, so that many peers each sending most of a
   // large message cannot add up past the bound; what it asks for is counted only once it fits
-  // (over RDMA nothing is taken for it until then; over TCP the buffer's last growth was, which
-  // bounds what a waiting connection holds uncounted). Waiting connections must not all wait
+  // (the transports say so before they take it). Waiting connections must not all wait
   // for each other (legitimate large calls, together over the bound, would never arrive): one
   // at a time goes on regardless, the one holding the server's receive token, until its
   // message has arrived. A connection that waits looks again on a timer (1 ms, doubling to

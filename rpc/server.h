@@ -143,7 +143,8 @@ class Server {
   // Listen runs (as listening_uris).
   int64_t connections_in_setup() const;
   // How many times a connection went over max_buffered_bytes_per_connection (or its share of
-  // max_buffered_bytes) and was paused.
+  // max_buffered_bytes), or waited for room for a large message still arriving (see
+  // max_buffered_bytes), and was paused.
   int64_t throttle_events() const;
   // What the connections hold together (requests of running calls, replies not yet taken), as
   // counted against max_buffered_bytes: to within 32 KiB per connection.
