@@ -319,8 +319,9 @@ std::string Metrics::Render() const {
     w.Sample("rdmarpc_server_buffered_bytes", "",
              static_cast<double>(server_watched_->buffered_bytes()));
     w.Family("rdmarpc_server_receiving_bytes", "gauge",
-             "Bytes the connections hold for messages still arriving (large ones come in "
-             "pieces), against ServerOptions::max_buffered_bytes.");
+             "Bytes the connections hold for large messages beyond their usual buffers (while "
+             "they arrive, and TCP buffers kept for the next), against "
+             "ServerOptions::max_buffered_bytes.");
     w.Sample("rdmarpc_server_receiving_bytes", "",
              static_cast<double>(server_watched_->receiving_bytes()));
   }

@@ -430,9 +430,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
 
   void OnSendProgress() override { Throttle(); }
 
-  void OnReceiveHeld(size_t bytes) override {
+  bool OnReceiveHeld(size_t bytes, bool unfinished) override {
     receiving_ = bytes;
+    unfinished_ = unfinished;
     WaitForRoom();
+    if (unfinished || bytes == 0) return true;
+    // A buffer kept for the next large message (none arriving): only while the server is
+    // within its bound, else it is given back (and this is told again with less).
+    const size_t bound = core_->options.max_buffered_bytes;
+    return bound == 0 || core_->receiving.load(std::memory_order_relaxed) <= int64_t(bound);
   }
 
   void OnClose(const transport::Error& reason) override {
@@ -442,6 +448,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     break_timer_.cancel();
     room_timer_.cancel();
     receiving_ = 0;
+    unfinished_ = false;
     core_->receiving.fetch_sub(int64_t(std::exchange(receiving_counted_, 0)),
                                std::memory_order_relaxed);
     ReleaseReceiveToken();
@@ -621,14 +628,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (!conn_) return;
     const size_t bound = core_->options.max_buffered_bytes;
     bool wait = false;
-    if (receiving_ <= receiving_counted_) {  // less (or nothing) now: give the rest back
+    if (!unfinished_) ReleaseReceiveToken();  // the message it was let through for has arrived
+    if (receiving_ <= receiving_counted_) {   // less (or nothing) now: give the rest back
       core_->receiving.fetch_sub(int64_t(receiving_counted_ - receiving_),
                                  std::memory_order_relaxed);
       receiving_counted_ = receiving_;
-      if (receiving_ == 0) ReleaseReceiveToken();
     } else {
+      // More: only for a message arriving can it wait (a kept buffer is held already).
       const int64_t more = int64_t(receiving_ - receiving_counted_);
-      if (bound != 0 && !has_receive_token_ &&
+      if (bound != 0 && unfinished_ && !has_receive_token_ &&
           core_->receiving.load(std::memory_order_relaxed) + more > int64_t(bound)) {
         uint64_t none = 0;
         if (core_->receive_token.compare_exchange_strong(none, id_)) {
@@ -967,6 +975,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // to take) for them; waiting for room; holding the server's receive token.
   const uint64_t id_ = core_->next_connection_id.fetch_add(1);
   size_t receiving_ = 0;          // as the transport last said
+  bool unfinished_ = false;       // (both)
   size_t receiving_counted_ = 0;  // of that, what fitted and is counted in core_->receiving
   bool waiting_room_ = false;
   bool has_receive_token_ = false;

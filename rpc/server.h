@@ -60,13 +60,14 @@ struct ServerOptions {
   // share or the server under this (looked at again whenever its client takes replies or its
   // calls finish: a client that takes nothing stays paused). Tracked per connection to within
   // 32 KiB. 0 = no bound.
-  // Messages still arriving are held to it as well, apart: a large message arrives in pieces
-  // (over TCP into a read buffer grown for it; over RDMA a rendezvous read into a buffer of its
-  // size), and a peer may send most of one and stop. While what all connections hold for such
-  // messages is over this bound, a connection whose message needs more is not read until there
-  // is room, except for one connection at a time, whose message goes on so that large calls
-  // that together exceed the bound still all arrive (one larger than the bound too). Until a
-  // message has arrived the idle timeout applies to its connection.
+  // Large messages are held to it as well, apart: one arrives in pieces (over TCP into a read
+  // buffer grown for it, kept after it for the next one; over RDMA a rendezvous read into a
+  // buffer of its size), and a peer may send most of one and stop, or send one and go quiet.
+  // A connection whose message needs more than fits in what is left is not read until it
+  // fits, except for one connection at a time, whose message goes on so that large calls that
+  // together exceed the bound still all arrive (one larger than the bound too); a TCP buffer
+  // kept for the next large message is given back while the server is over the bound. Until
+  // a message has arrived the idle timeout applies to its connection.
   size_t max_buffered_bytes = size_t{1} << 30;
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
@@ -149,8 +150,8 @@ class Server {
   // What the connections hold together (requests of running calls, replies not yet taken), as
   // counted against max_buffered_bytes: to within 32 KiB per connection.
   int64_t buffered_bytes() const;
-  // What the connections hold for messages still arriving (large ones come in pieces), as
-  // bounded by max_buffered_bytes (see there).
+  // What the connections hold for large messages beyond their usual buffers (arriving, or a
+  // TCP buffer kept for the next one), as bounded by max_buffered_bytes (see there).
   int64_t receiving_bytes() const;
 
  private:

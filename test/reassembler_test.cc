@@ -100,10 +100,11 @@ TEST_CASE("any read pattern keeps the buffer within one message", "[reassembler]
   CHECK(got == 7);
 }
 
-// What the transport tells the server a peer's unfinished message holds (held_for_partial),
-// which a server bounds across connections: known before the buffer grows for it, so that a
-// server can decline the growth; nothing for small messages or for a grown buffer kept empty.
-TEST_CASE("an unfinished large message's hold is known before the buffer grows for it",
+// What the transport tells the server a peer's large messages hold (held, unfinished_large),
+// which a server bounds across connections: known before the buffer grows for them, so that a
+// server can decline the growth; nothing for small messages; a grown buffer kept for the next
+// large message counts until it is given back (Shrink).
+TEST_CASE("what a large message holds is known before the buffer grows for it, and after",
           "[reassembler]") {
   StreamReassembler r(kInitial, kMaxMessage);
   const std::string big = Message(1 << 20);
@@ -111,20 +112,32 @@ TEST_CASE("an unfinished large message's hold is known before the buffer grows f
   CHECK(Feed(r, big.substr(0, kInitial)) == 0);
   CHECK(r.capacity() == kInitial);
   CHECK(r.full());
-  CHECK(r.held_for_partial() == 2 * kInitial);  // what the next read's room grows it to
+  CHECK(r.unfinished_large());
+  CHECK(r.held() == 2 * kInitial);  // what the next read's room grows it to
   r.Writable();
   CHECK(r.capacity() == 2 * kInitial);
-  CHECK(r.held_for_partial() == 2 * kInitial);
+  CHECK(r.held() == 2 * kInitial);
   // Grown as it arrives, never past the message (plus its prefix).
   CHECK(Feed(r, big.substr(kInitial, (1 << 20) - kInitial)) == 0);
-  CHECK(r.held_for_partial() >= r.capacity());  // (more when it is full: the next growth)
-  CHECK(r.held_for_partial() <= big.size());
+  CHECK(r.held() >= r.capacity());  // (more when it is full: the next growth)
+  CHECK(r.held() <= big.size());
   CHECK(Feed(r, big.substr(1 << 20)) == 1);
-  CHECK(r.held_for_partial() == 0);  // the grown buffer, kept for the next one, holds nothing
+  // Arrived: the grown buffer is kept for the next one, and counts.
+  CHECK_FALSE(r.unfinished_large());
   CHECK(r.capacity() > kInitial);
-  // A small message in pieces holds nothing beyond the initial buffer.
+  CHECK(r.held() == r.capacity());
+  // A small message in pieces is no large message arriving.
   const std::string small = Message(1000);
   CHECK(Feed(r, small.substr(0, 500)) == 0);
-  CHECK(r.held_for_partial() == 0);
+  CHECK_FALSE(r.unfinished_large());
+  // Given back, keeping the bytes it holds.
+  CHECK(r.Shrink());
+  CHECK(r.capacity() == kInitial);
+  CHECK(r.held() == 0);
   CHECK(Feed(r, small.substr(500)) == 1);
+  CHECK_FALSE(r.Shrink());  // nothing to give back
+  // A fresh buffer: a small message holds nothing beyond it.
+  StreamReassembler fresh(kInitial, kMaxMessage);
+  CHECK(Feed(fresh, small.substr(0, 500)) == 0);
+  CHECK(fresh.held() == 0);
 }

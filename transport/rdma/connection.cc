@@ -559,7 +559,9 @@ void RdmaConnection::TellHeld() {
   const uint64_t held = fetch_bytes_ + (deferred_ ? deferred_->total : 0) + assembler_.buffered();
   if (held == told_held_ || handler_.closed()) return;
   told_held_ = held;
-  if (ConnectionHandler* h = handler_.get()) h->OnReceiveHeld(held);
+  // Nothing is kept once a message has arrived (buffers go back to the thread's cache), so the
+  // answer, whether to give back what is kept, has nothing to act on.
+  if (ConnectionHandler* h = handler_.get()) h->OnReceiveHeld(held, held > 0);
 }
 
 void RdmaConnection::DeliverFetched() {

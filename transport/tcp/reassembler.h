@@ -91,17 +91,27 @@ class StreamReassembler {
 
   size_t buffered() const { return end_ - begin_; }
   size_t capacity() const { return cap_; }
-  // What the buffer holds for a message larger than the initial buffer that has only partly
-  // arrived: its capacity, or, when it is full (the next Writable grows it), the capacity it
-  // will grow to; else 0. What a peer that leaves a large message unfinished makes us hold,
-  // known before the buffer grows for it (a grown buffer kept for the next large message,
-  // with no such message in it, is not counted).
-  size_t held_for_partial() const {
-    if (end_ == begin_ || Wanted() <= initial_) return 0;
-    return end_ - begin_ == cap_ ? GrownCapacity() : cap_;
+  // Whether a message larger than the initial buffer has partly arrived: the buffer grows, or
+  // has grown, for it.
+  bool unfinished_large() const { return end_ != begin_ && Wanted() > initial_; }
+  // What the buffer holds beyond the initial one, or takes at its next growth: when it is full
+  // of an unfinished large message (the next Writable grows it), the capacity it grows to;
+  // else its capacity once it has grown (for a message arriving, or kept for the next); else
+  // 0. What a peer's large messages make us hold, known before the buffer grows for them.
+  size_t held() const {
+    if (full() && unfinished_large()) return GrownCapacity();
+    return cap_ > initial_ ? cap_ : 0;
   }
-  // Whether the buffer is full (a partial message in all of it).
+  // Whether the buffer is full (part of a message in all of it).
   bool full() const { return end_ - begin_ == cap_; }
+  // Gives a grown buffer back, keeping what it holds, when that fits the initial size: true if
+  // it did. Not while a read may write into the buffer.
+  bool Shrink() {
+    if (cap_ <= initial_ || end_ - begin_ > initial_) return false;
+    Reallocate(initial_);
+    quiet_settles_ = 0;
+    return true;
+  }
   // Times the buffer was replaced (grown or shrunk), each a copy of what it held: for tests.
   size_t reallocations() const { return reallocations_; }
 

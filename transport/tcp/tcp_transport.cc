@@ -706,13 +706,22 @@ class TcpConnection final : public Connection,
     return all && !handler_.closed();
   }
 
-  // Tells the handler what the read buffer holds for an unfinished large message, when that
-  // changed (ConnectionHandler::OnReceiveHeld); it may pause receiving.
+  // Tells the handler what the read buffer holds beyond its initial size, and whether a large
+  // message is arriving, when either changed (ConnectionHandler::OnReceiveHeld); it may pause
+  // receiving, or have a buffer kept for the next large message given back.
   [[gnu::noinline]] void TellHeld() {
-    const size_t held = reader_.held_for_partial();
-    if (held == told_held_ || handler_.closed()) return;
+    const size_t held = reader_.held();
+    const bool unfinished = reader_.unfinished_large();
+    if ((held == told_held_ && unfinished == told_unfinished_) || handler_.closed()) return;
     told_held_ = held;
-    if (ConnectionHandler* h = handler_.get()) h->OnReceiveHeld(held);
+    told_unfinished_ = unfinished;
+    ConnectionHandler* h = handler_.get();
+    if (!h || h->OnReceiveHeld(held, unfinished) || unfinished) return;
+    // (Not while the kernel receives into the buffer: Shrink moves it.)
+    if (!receiving_ && !handler_.closed() && reader_.Shrink()) {
+      told_held_ = reader_.held();
+      h->OnReceiveHeld(told_held_, false);
+    }
   }
 
   // False when delivery stopped early: paused, closed or a message over the limit.
@@ -752,7 +761,8 @@ class TcpConnection final : public Connection,
   std::string peer_;
   HandlerSlot handler_;
   StreamReassembler reader_;
-  size_t told_held_ = 0;  // what TellHeld last said
+  size_t told_held_ = 0;          // what TellHeld last said
+  bool told_unfinished_ = false;  // (both)
   SendBuffer pending_, inflight_;
   size_t inflight_written_ = 0;  // bytes of inflight_ the kernel has taken
   bool writing_ = false;         // inflight_ waits for room in the socket
