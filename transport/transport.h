@@ -147,17 +147,18 @@ class ConnectionHandler {
   // peer was not taking replies learns when to resume, or while it watches its send queue
   // (Connection::WatchSendProgress). Never from inside Send.
   virtual void OnSendProgress() {}
-  // Memory the connection holds for receiving beyond what every connection has (a large
-  // message comes in pieces: TCP's read buffer grown for it, RDMA's buffers for its rendezvous
-  // reads or chunks; TCP keeps a grown buffer for the next large message), in bytes, and
-  // whether a message is still arriving (`unfinished`); called when either changes, which only
-  // large messages make them do. Told before the memory is taken where the transport can (TCP:
-  // before its read buffer grows; RDMA: before a rendezvous read starts), and a pause from here
-  // (PauseReceiving) keeps it from being taken until receiving resumes. With no message
-  // arriving, false asks the connection to give back what it keeps (TCP shrinks its buffer and
-  // tells again). A peer decides how much of a message to send, and when: a server counts this
-  // against its memory bound, so that many peers cannot add unfinished messages, or buffers
-  // kept after finished ones, up past it. Never from inside OnMessage or Send.
+  // Memory the connection holds for receiving large messages, past the buffers every
+  // connection has, in bytes (a large message comes in pieces: TCP's read buffer grown for it,
+  // reported as its whole capacity and kept after it for the next one; RDMA's buffers for its
+  // rendezvous reads or chunks), and whether a message is still arriving (`unfinished`);
+  // called when either changes, which only large messages make them do. Told before the
+  // memory is taken where the transport can (TCP: before its read buffer grows; RDMA: before a
+  // rendezvous read starts), and a pause from here (PauseReceiving) keeps it from being taken
+  // until receiving resumes. With no message arriving, false asks the connection to give back
+  // what it keeps (TCP shrinks its buffer and tells again). A peer decides how much of a
+  // message to send, and when: a server counts this against its memory bound, so that many
+  // peers cannot add unfinished messages, or buffers kept after finished ones, up past it.
+  // Never from inside OnMessage or Send.
   virtual bool OnReceiveHeld(size_t /*bytes*/, bool /*unfinished*/) { return true; }
 };
 

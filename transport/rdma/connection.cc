@@ -730,7 +730,7 @@ void RdmaConnection::OnRecord(uint64_t offset, uint32_t bytes) {
         // Reassembled from chunks (a whole message in one record went the inline way above).
         handler_.get()->OnMessage(r.message);
         assembler_.Release();
-        if (!handler_.closed()) TellHeld();
+        TellHeld();  // (nothing once the handler closed the connection)
         break;
       case RecordAssembler::Result::kNeedMore:
         TellHeld();  // one more chunk assembled

@@ -94,10 +94,11 @@ class StreamReassembler {
   // Whether a message larger than the initial buffer has partly arrived: the buffer grows, or
   // has grown, for it.
   bool unfinished_large() const { return end_ != begin_ && Wanted() > initial_; }
-  // What the buffer holds beyond the initial one, or takes at its next growth: when it is full
-  // of an unfinished large message (the next Writable grows it), the capacity it grows to;
-  // else its capacity once it has grown (for a message arriving, or kept for the next); else
-  // 0. What a peer's large messages make us hold, known before the buffer grows for them.
+  // What the buffer holds once grown past its initial size, or takes at its next growth, as
+  // whole capacities: when it is full of an unfinished large message (the next Writable grows
+  // it), the capacity it grows to; else its capacity once it has grown (for a message arriving,
+  // or kept for the next); else 0. What a peer's large messages make us hold, known before the
+  // buffer grows for them.
   size_t held() const {
     if (full() && unfinished_large()) return GrownCapacity();
     return cap_ > initial_ ? cap_ : 0;

@@ -698,7 +698,8 @@ class TcpConnection final : public Connection,
     if (!pending_.empty() && !flush_scheduled_) Flush();  // (does nothing once closed)
     // (Not while the kernel receives into the buffer: Settle may move it.)
     if (all && !receiving_) reader_.Settle(kShrinkAboveBytes);
-    // Only a buffer grown, or about to grow, for a large message can hold an unfinished one.
+    // Only a buffer grown, or about to grow, for a large message holds anything to tell (and
+    // one told of before may have shrunk since: Settle).
     if (reader_.capacity() > kInitialReadBufferBytes || told_held_ != 0 || reader_.full())
         [[unlikely]] {
       TellHeld();
@@ -706,9 +707,10 @@ class TcpConnection final : public Connection,
     return all && !handler_.closed();
   }
 
-  // Tells the handler what the read buffer holds beyond its initial size, and whether a large
-  // message is arriving, when either changed (ConnectionHandler::OnReceiveHeld); it may pause
-  // receiving, or have a buffer kept for the next large message given back.
+  // Tells the handler what the read buffer holds once grown past its initial size (its whole
+  // capacity: StreamReassembler::held), and whether a large message is arriving, when either
+  // changed (ConnectionHandler::OnReceiveHeld); it may pause receiving, or have a buffer kept for
+  // the next large message given back.
   [[gnu::noinline]] void TellHeld() {
     const size_t held = reader_.held();
     const bool unfinished = reader_.unfinished_large();
