@@ -324,6 +324,11 @@ std::string Metrics::Render() const {
              "ServerOptions::max_buffered_bytes.");
     w.Sample("rdmarpc_server_receiving_bytes", "",
              static_cast<double>(server_watched_->receiving_bytes()));
+    w.Family("rdmarpc_server_stalled_messages_total", "counter",
+             "Connections closed because a large message stopped arriving while others waited "
+             "for room (ServerOptions::stalled_message_timeout).");
+    w.Sample("rdmarpc_server_stalled_messages_total", "",
+             static_cast<uint64_t>(server_watched_->stalled_messages()));
   }
   RenderTransport(w);
   for (const Custom& c : custom_) {

@@ -193,6 +193,11 @@ struct ServerCore {
   // that is over the bound, so that some large message always can (see WaitForRoom).
   std::atomic<int64_t> receiving{0};
   std::atomic<uint64_t> receive_token{0};
+  // Connections waiting for room for a large message (WaitForRoom): while there are any, one
+  // whose message has stopped arriving is closed (ServerOptions::stalled_message_timeout), and
+  // how many were.
+  std::atomic<int64_t> room_waiters{0};
+  std::atomic<int64_t> stalled{0};
   std::atomic<uint64_t> next_connection_id{1};
 
   // Connections served per client address (ServerOptions::max_connections_per_peer; empty when
@@ -293,7 +298,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
         peer_(std::make_shared<const std::string>(conn_->peer())),
         idle_timer_(executor_),
         break_timer_(executor_),
-        room_timer_(executor_) {}
+        room_timer_(executor_),
+        stall_timer_(executor_) {}
 
   const transport::Executor& executor() const override { return executor_; }
 
@@ -433,6 +439,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   bool OnReceiveHeld(size_t bytes, bool unfinished) override {
     receiving_ = bytes;
     unfinished_ = unfinished;
+    if (unfinished) WatchStall();
     WaitForRoom();
     if (unfinished || bytes == 0) return true;
     // A buffer kept for the next large message (none arriving): only while the server is
@@ -447,8 +454,10 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     idle_timer_.cancel();
     break_timer_.cancel();
     room_timer_.cancel();
+    stall_timer_.cancel();
     receiving_ = 0;
     unfinished_ = false;
+    if (std::exchange(waiting_room_, false)) core_->room_waiters.fetch_sub(1);
     core_->receiving.fetch_sub(int64_t(std::exchange(receiving_counted_, 0)),
                                std::memory_order_relaxed);
     ReleaseReceiveToken();
@@ -653,6 +662,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (wait) {
       if (!waiting_room_) {
         waiting_room_ = true;
+        core_->room_waiters.fetch_add(1);
         room_backoff_ms_ = 1;
         ++core_->throttled;
         spdlog::debug(
@@ -673,11 +683,59 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     }
     if (!waiting_room_) return;
     waiting_room_ = false;
+    core_->room_waiters.fetch_sub(1);
     room_timer_.cancel();
     if (paused_ && !broken_ && !Over(BufferedBytes())) {
       paused_ = false;
       conn_->ResumeReceiving();
     }
+  }
+
+  // A large message arriving (told by OnReceiveHeld, which calls this each time it advances)
+  // must keep arriving while other connections wait for room
+  // (ServerOptions::stalled_message_timeout): a peer that sends part of one and stops would
+  // otherwise keep its part of the bound, or the receive token and with it every other large
+  // message, until the idle timeout. A paused connection (waiting for room, or over its budget)
+  // is not read by the server, so that time does not count. One timer per connection, set
+  // while a message arrives: nothing on the path of small messages.
+  void WatchStall() {
+    const auto timeout = core_->options.stalled_message_timeout;
+    if (timeout.count() <= 0) return;
+    advanced_at_ = std::chrono::steady_clock::now();
+    if (watching_stall_) return;
+    watching_stall_ = true;
+    stall_timer_.expires_at(advanced_at_ + timeout);
+    stall_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->StallTick();
+    });
+  }
+  void StallTick() {
+    watching_stall_ = false;
+    if (!conn_ || broken_ || !unfinished_) return;  // (no message arriving: nothing to watch)
+    const auto timeout = core_->options.stalled_message_timeout;
+    const auto now = std::chrono::steady_clock::now();
+    if (paused_) advanced_at_ = now;  // not read meanwhile: the peer could not advance
+    if (now - advanced_at_ >= timeout && core_->room_waiters.load() > 0) {
+      ++core_->stalled;
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - advanced_at_);
+      spdlog::warn(
+          "server: {}'s message ({} bytes held for it) has not advanced for {} ms while others "
+          "wait for room; closing its connection",
+          *peer_, receiving_, ms.count());
+      Break(Status(StatusCode::kUnavailable, "a large message stopped arriving for " +
+                                                 std::to_string(ms.count()) +
+                                                 " ms while the server had no room for others (its "
+                                                 "stalled_message_timeout, " +
+                                                 std::to_string(timeout.count()) + " ms)"));
+      return;
+    }
+    // Still arriving, or stalled with no one waiting: look again when it would be overdue
+    // (at least a quarter period on, so that a stall no one minds yet costs few wake-ups).
+    watching_stall_ = true;
+    stall_timer_.expires_at(std::max(advanced_at_ + timeout, now + timeout / 4));
+    stall_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->StallTick();
+    });
   }
 
   [[gnu::noinline]] void ReleaseReceiveToken() {
@@ -958,6 +1016,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   asio::steady_timer idle_timer_;
   asio::steady_timer break_timer_;  // closes a broken connection whose calls do not end
   asio::steady_timer room_timer_;   // WaitForRoom looks again
+  asio::steady_timer stall_timer_;  // WatchStall looks again
   uint32_t calls_ = 0;              // running on this connection
   uint32_t last_method_id_ = 0;     // the method of the last request (see FindMethod)
   const ServerCore::HostedMethod* last_hosted_ = nullptr;
@@ -977,9 +1036,13 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   size_t receiving_ = 0;          // as the transport last said
   bool unfinished_ = false;       // (both)
   size_t receiving_counted_ = 0;  // of that, what fitted and is counted in core_->receiving
-  bool waiting_room_ = false;
+  bool waiting_room_ = false;     // (counted in core_->room_waiters)
   bool has_receive_token_ = false;
   int room_backoff_ms_ = 1;
+  // When the message arriving last advanced (or the server last let it: see WatchStall), and
+  // whether stall_timer_ is set to look at it.
+  std::chrono::steady_clock::time_point advanced_at_;
+  bool watching_stall_ = false;
   bool writers_over_budget_ = false;  // a stream writer waits for the budget (OverBudget)
   size_t reported_ = 0;               // what this connection last added to core_->buffered (Report)
   // Below this a connection is over no bound and has nothing to report: the smaller of
@@ -1276,5 +1339,6 @@ int64_t Server::connections() const { return core_->connections.load(); }
 int64_t Server::throttle_events() const { return core_->throttled.load(); }
 int64_t Server::buffered_bytes() const { return core_->buffered.load(); }
 int64_t Server::receiving_bytes() const { return core_->receiving.load(); }
+int64_t Server::stalled_messages() const { return core_->stalled.load(); }
 
 }  // namespace rdmarpc

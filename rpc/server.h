@@ -67,8 +67,18 @@ struct ServerOptions {
   // fits, except for one connection at a time, whose message goes on so that large calls that
   // together exceed the bound still all arrive (one larger than the bound too); a TCP buffer
   // kept for the next large message is given back while the server is over the bound. Until
-  // a message has arrived the idle timeout applies to its connection.
+  // a message has arrived the idle timeout applies to its connection, and the next option.
   size_t max_buffered_bytes = size_t{1} << 30;
+  // While some connection waits for room for a large message (see max_buffered_bytes), a large
+  // message arriving elsewhere must keep arriving: one that has not advanced for this long is
+  // given up and its connection sent GOAWAY (UNAVAILABLE, naming the stall) and closed, so that
+  // a peer cannot keep its part of the bound, or the one turn past it (which would hold every
+  // other large message back), by sending part of a message and stopping. It advances when its
+  // buffer fills and must grow (TCP: it doubles, so a message must double what has arrived of
+  // it within each period) or a chunk arrives (RDMA); time the server itself did not read from
+  // the connection does not count. Nothing is closed while no one waits: a slow peer then
+  // holds only its part of the bound. Zero = never (such a peer keeps it until idle_timeout).
+  std::chrono::milliseconds stalled_message_timeout{10000};
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
   // rings. Our channels then reconnect on their next call, so a legitimate client only pays a
@@ -153,6 +163,9 @@ class Server {
   // What the connections hold for large messages beyond their usual buffers (arriving, or a
   // TCP buffer kept for the next one), as bounded by max_buffered_bytes (see there).
   int64_t receiving_bytes() const;
+  // Connections closed because their large message stopped arriving while others waited for
+  // room (see stalled_message_timeout).
+  int64_t stalled_messages() const;
 
  private:
   std::shared_ptr<internal::ServerCore> core_;

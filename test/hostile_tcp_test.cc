@@ -533,6 +533,101 @@ TEST_CASE(
   for (int fd : fds) close(fd);
 }
 
+// Held to the bound, such peers still held the receive token (the one message let through
+// past it) and their part of the bound until the idle timeout, and every other large message
+// waited for them. While others wait for room, a large message that stops arriving is given up
+// and its connection closed (ServerOptions::stalled_message_timeout).
+TEST_CASE(
+    "clients whose large messages stop arriving while others wait for room are closed, so "
+    "that other large calls go on",
+    "[hostile][tcp][memory]") {
+  constexpr size_t kBound = 8 << 20;
+  constexpr uint32_t kMessage = 16 << 20;
+  constexpr int kClients = 4;
+  ServerOptions so{.io_threads = 2};
+  so.max_buffered_bytes = kBound;
+  so.stalled_message_timeout = 500ms;
+  TestServer ts("tcp://127.0.0.1:0", so);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  std::vector<int> fds;
+  std::vector<size_t> sent(kClients, 0);  // of each message's body; never its last byte
+  for (int c = 0; c < kClients; ++c) {
+    fds.push_back(RawClient(PortOf(ts.uri)));
+    const uint32_t len = htole32(kMessage);
+    REQUIRE(SendAll(fds.back(), std::string_view(reinterpret_cast<const char*>(&len), 4)));
+  }
+  // As much of their messages as the server takes in 1.5 s, then nothing more.
+  const std::string chunk(256 << 10, 'm');
+  const auto until = std::chrono::steady_clock::now() + 1500ms;
+  while (std::chrono::steady_clock::now() < until) {
+    bool any = false;
+    for (int c = 0; c < kClients; ++c) {
+      const size_t n = std::min(chunk.size(), size_t{kMessage} - 1 - sent[c]);
+      const ssize_t w = n == 0 ? 0 : send(fds[c], chunk.data(), n, MSG_NOSIGNAL);
+      if (w > 0) {
+        sent[c] += size_t(w);
+        any = true;
+      }
+    }
+    if (!any) std::this_thread::sleep_for(2ms);
+  }
+  // A large call from a well-behaved client: it needs room, or the token, and gets them once
+  // stalled messages are given up (without that, only at the attackers' idle timeout, 5 min).
+  EchoRequest req;
+  req.set_payload(std::string(6 << 20, 'l'));
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = TestService::BlockingStub(*good).Echo(req, {.timeout = 15s});
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "%d clients each sending part of a %u MiB message, then nothing (%zu MiB server-wide, "
+      "stalled_message_timeout %lld ms): a 6 MiB call took %.2f s; %lld connections closed as "
+      "stalled\n",
+      kClients, kMessage >> 20, kBound >> 20,
+      static_cast<long long>(so.stalled_message_timeout.count()), took,
+      static_cast<long long>(ts.server.stalled_messages()));
+  INFO(r.status().ToString());
+  CHECK(r.ok());
+  CHECK(ts.server.stalled_messages() >= 1);
+  // The stalled ones were told why.
+  int told = 0;
+  for (int fd : fds) {
+    const std::string goaway = GoAwayBeforeClose(fd, 300ms);
+    if (goaway.find("stopped arriving") != std::string::npos) ++told;
+    close(fd);
+  }
+  CHECK(told == ts.server.stalled_messages());
+  // What is left is the well-behaved client's read buffer, kept for its next large message.
+  CHECK(Eventually([&] { return ts.server.receiving_bytes() <= int64_t(kBound); }, 10000ms));
+}
+
+// The other side of it: with no one waiting for room, a slow (or stalled) large message harms
+// no one, and is left to arrive.
+TEST_CASE("a large message that stops arriving while no one waits for room is left to arrive",
+          "[hostile][tcp][memory]") {
+  constexpr size_t kPayload = 8 << 20;
+  auto [server, uri] = StartServer(
+      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--stalled-message-timeout-ms", "200"});
+  const uint32_t say = MethodId("/demo.Echo/Say");
+  const int fd = RawClient(PortOf(uri));
+  const std::string request = SayRequest(1, say, kPayload);
+  const size_t half = request.size() / 2;
+  REQUIRE(SendAll(fd, std::string_view(request).substr(0, half), 20s));
+  // Five times the timeout without a byte; then the rest, and the reply comes on the same
+  // connection.
+  std::this_thread::sleep_for(1000ms);
+  REQUIRE(SendAll(fd, std::string_view(request).substr(half), 20s));
+  bool replied = false;
+  ReadFrames(fd, 20000ms, [&](const DecodedFrame& f) {
+    replied =
+        f.header.type == FrameType::kResponse && f.header.call_id == 1 && f.header.status == 0;
+    return replied;
+  });
+  CHECK(replied);
+  close(fd);
+}
+
 TEST_CASE("reads that end inside a length prefix do not grow the read buffer",
           "[hostile][tcp][memory]") {
   auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});

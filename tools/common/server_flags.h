@@ -27,10 +27,10 @@ namespace rdmarpc::cmdline {
 
 // Merge into the map given to Flags.
 inline std::map<std::string, bool> WithServerFlags(std::map<std::string, bool> known) {
-  for (const char* name :
-       {"max-connections", "max-connections-per-peer", "max-handshakes", "max-concurrent-calls",
-        "max-buffered-bytes", "max-buffered-bytes-total", "idle-timeout-ms", "keepalive-ms",
-        "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
+  for (const char* name : {"max-connections", "max-connections-per-peer", "max-handshakes",
+                           "max-concurrent-calls", "max-buffered-bytes", "max-buffered-bytes-total",
+                           "stalled-message-timeout-ms", "idle-timeout-ms", "keepalive-ms",
+                           "keepalive-timeout-ms", "shutdown-grace-ms", "metrics-listen"}) {
     known[name] = true;
   }
   known["access-log"] = false;
@@ -52,6 +52,9 @@ inline constexpr char kServerFlagsUsage[] =
     "                            server stops reading from that client (16777216)\n"
     "  --max-buffered-bytes-total N  the same for all clients together; over it, clients\n"
     "                            holding more than their share are not read (1073741824)\n"
+    "  --stalled-message-timeout-ms N  while clients wait for room for large messages, close\n"
+    "                            one whose large message stops arriving this long (10000;\n"
+    "                            0 = never)\n"
     "  --idle-timeout-ms N       close a connection without calls for this long; clients\n"
     "                            reconnect when needed (300000; 0 = never)\n"
     "  --keepalive-ms N          ping a client silent this long (0 = off) ...\n"
@@ -82,6 +85,8 @@ inline std::shared_ptr<Metrics> ApplyServerFlags(Flags& flags, ServerOptions& o)
       "max-buffered-bytes", static_cast<long>(o.max_buffered_bytes_per_connection), 0, 1L << 40));
   o.max_buffered_bytes = static_cast<size_t>(flags.get_int(
       "max-buffered-bytes-total", static_cast<long>(o.max_buffered_bytes), 0, 1L << 44));
+  o.stalled_message_timeout = std::chrono::milliseconds(
+      flags.get_int("stalled-message-timeout-ms", o.stalled_message_timeout.count(), 0, 86400000L));
   o.idle_timeout = std::chrono::milliseconds(
       flags.get_int("idle-timeout-ms", o.idle_timeout.count(), 0, 86400000L * 365));
   o.keepalive_interval = std::chrono::milliseconds(
