@@ -9,7 +9,10 @@ export RDMARPC_VM_CACHE="${RDMARPC_VM_CACHE:-/var/tmp/rdmarpc-vm}"
 runner="tools/vm/rxe_vm.sh"
 # Sanitizer builds run several times slower in the emulated guest: RDMARPC_VM_TIME_SCALE (a
 # whole number, default 1; --config=tsan sets 2) multiplies every time limit below, the VM's
-# included. Under TSan the suites took 873.8 s of the VM's 900 (2026-12-05).
+# included. Under TSan the suites took 873.8 s of the VM's 900 (2026-12-05). The VM's own limit
+# was 900 s until 2026-12-07, when a fresh machine whose emulated guest ran at about half the
+# usual speed (rdma:// p50 125 us against 48) took 563 s without a sanitizer: 1,500 s leaves
+# room for that (Bazel's limit for this test is "eternal", 3,600 s, above it).
 scale="${RDMARPC_VM_TIME_SCALE:-1}"
 case "$scale" in '' | *[!0-9]* | 0) echo "rdma_vm_test: RDMARPC_VM_TIME_SCALE must be a whole number >= 1, not '$scale'" >&2; exit 2 ;; esac
 limit() { echo $(($1 * scale)); }
@@ -78,7 +81,7 @@ fi
 
 start=$(date +%s)
 RDMARPC_TEST_RDMA_HOST=198.18.0.1 RDMARPC_TEST_ONLY_SCHEME=rdma \
-  bash "$runner" --timeout "$(limit 900)" --share "$results" -- bash -c "$script"
+  bash "$runner" --timeout "$(limit 1500)" --share "$results" -- bash -c "$script"
 rc=$?
 echo "rdma_vm_test: VM suites exit status $rc after $(( $(date +%s) - start )) s"
 
