@@ -618,8 +618,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                     core_->options.max_buffered_bytes);
       conn_->PauseReceiving();
     } else if (paused_ && !waiting_room_ && BackUnder(used)) {
-      paused_ = false;
-      conn_->ResumeReceiving();
+      Resume();
     }
   }
 
@@ -686,8 +685,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     core_->room_waiters.fetch_sub(1);
     room_timer_.cancel();
     if (paused_ && !broken_ && !Over(BufferedBytes())) {
-      paused_ = false;
-      conn_->ResumeReceiving();
+      Resume();
     }
   }
 
@@ -696,8 +694,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // (ServerOptions::stalled_message_timeout): a peer that sends part of one and stops would
   // otherwise keep its part of the bound, or the receive token and with it every other large
   // message, until the idle timeout. A paused connection (waiting for room, or over its budget)
-  // is not read by the server, so that time does not count. One timer per connection, set
-  // while a message arrives: nothing on the path of small messages.
+  // is not read by the server, so that time does not count (nor, once it resumes, the time
+  // before: Resume); nor does an RDMA rendezvous read's, which the peer cannot slow. One timer
+  // per connection, set while a message arrives: nothing on the path of small messages.
   void WatchStall() {
     const auto timeout = core_->options.stalled_message_timeout;
     if (timeout.count() <= 0) return;
@@ -714,7 +713,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (!conn_ || broken_ || !unfinished_) return;  // (no message arriving: nothing to watch)
     const auto timeout = core_->options.stalled_message_timeout;
     const auto now = std::chrono::steady_clock::now();
-    if (paused_) advanced_at_ = now;  // not read meanwhile: the peer could not advance
+    // Not read meanwhile, or read by the transport itself (a rendezvous): not the peer's pace.
+    if (paused_ || conn_->fetching_message()) advanced_at_ = now;
     if (now - advanced_at_ >= timeout && core_->room_waiters.load() > 0) {
       ++core_->stalled;
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - advanced_at_);
@@ -736,6 +736,14 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     stall_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
       if (auto self = weak.lock(); self && !ec) self->StallTick();
     });
+  }
+
+  // Reads again after Throttle or WaitForRoom paused receiving. A message arriving starts its
+  // stall clock again (WatchStall): the peer could not send it meanwhile.
+  [[gnu::noinline]] void Resume() {
+    paused_ = false;
+    if (watching_stall_) advanced_at_ = std::chrono::steady_clock::now();
+    conn_->ResumeReceiving();
   }
 
   [[gnu::noinline]] void ReleaseReceiveToken() {

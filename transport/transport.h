@@ -203,6 +203,11 @@ class Connection {
   // receiving (a client needs the replies and WINDOWs of its other calls). Off by default.
   virtual void WatchSendProgress(bool on) = 0;
 
+  // Whether the transport itself is fetching a message's bytes from the peer (RDMA: a
+  // rendezvous read in flight), at the network's pace rather than the peer's: a peer cannot
+  // stall such a message (ConnectionHandler::OnReceiveHeld hears of it when it has arrived).
+  virtual bool fetching_message() const { return false; }
+
   virtual bool closed() const = 0;
   virtual size_t max_message_bytes() const = 0;
   // The peer's address, e.g. "tcp://127.0.0.1:51234", for logs and ServerContext.

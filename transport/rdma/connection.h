@@ -96,6 +96,7 @@ class RdmaConnection final : public Connection,
   // --- Connection ----------------------------------------------------------------------------
   const Executor& executor() const override { return executor_; }
   bool closed() const override { return handler_.closed(); }
+  bool fetching_message() const override { return fetch_bytes_ > 0; }
   size_t max_message_bytes() const override { return options_.max_message_bytes; }
   std::string peer() const override { return peer_; }
 
