@@ -75,9 +75,10 @@ struct ServerOptions {
   // a peer cannot keep its part of the bound, or the one turn past it (which would hold every
   // other large message back), by sending part of a message and stopping. It advances when its
   // buffer fills and must grow (TCP: it doubles, so a message must double what has arrived of
-  // it within each period) or a chunk arrives (RDMA); time the server itself did not read from
-  // the connection does not count. Nothing is closed while no one waits: a slow peer then
-  // holds only its part of the bound. Zero = never (such a peer keeps it until idle_timeout).
+  // it within each period) or a chunk arrives (RDMA; a rendezvous read, at the network's pace,
+  // is never a stall); time the server itself did not read from the connection does not count.
+  // Nothing is closed while no one waits: a slow peer then holds only its part of the bound.
+  // Zero = never (such a peer keeps it until idle_timeout).
   std::chrono::milliseconds stalled_message_timeout{10000};
   // A connection on which no call has started or finished for this long, with none running, is
   // sent GOAWAY (flagged idle) and closed: it frees the descriptor and, over RDMA, the pinned
