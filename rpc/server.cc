@@ -405,6 +405,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     in_frame_ = true;  // FinishCall leaves the budget check to the end of this frame
     switch (f.header.type) {
       case FrameType::kRequest:
+        ++requests_;
         OnRequest(f, message_bytes);
         break;
       case FrameType::kPing:
@@ -851,8 +852,20 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   }
 
   // The caller gave up on a call (cancelled it, or its deadline passed). Cancels are rare, so a
-  // walk over the running calls is cheaper than indexing every call.
+  // walk over the running calls is cheaper than indexing every call. But a walk costs up to
+  // max_concurrent_calls_per_connection steps, a CANCEL only a header: a peer that keeps
+  // 1,000 calls running and floods CANCELs for calls that do not exist held an I/O thread at
+  // ~6 us a frame. A caller cancels only calls it has requested, once each: one whose CANCELs
+  // outnumber its REQUESTs by more than kCancelSlack is in breach of protocol.
   void OnCancel(uint64_t call_id) {
+    if (++cancels_ > requests_ + kCancelSlack) [[unlikely]] {
+      spdlog::warn("server: {} sent {} CANCELs for {} requests; closing its connection", *peer_,
+                   cancels_, requests_);
+      Break(Status(StatusCode::kInvalidArgument,
+                   "more CANCEL frames (" + std::to_string(cancels_) + ") than requests (" +
+                       std::to_string(requests_) + ") on this connection"));
+      return;
+    }
     for (CancelHook* h = running_; h; h = h->next) {
       if (h->call_id == call_id) {
         h->Cancel();
@@ -1030,6 +1043,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   const ServerCore::HostedMethod* last_hosted_ = nullptr;
   size_t held_bytes_ = 0;  // request bytes of the running calls
   uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
+  // REQUEST and CANCEL frames received (OnCancel): a caller cancels only what it requested.
+  uint64_t requests_ = 0, cancels_ = 0;
+  static constexpr uint64_t kCancelSlack = 64;
   int quiet_ticks_ = 0;
   bool counted_ = false;  // served (false: turned away at the connection limit)
   // Counted in ServerCore::peers under this address (max_connections_per_peer).
