@@ -702,9 +702,11 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     const auto timeout = core_->options.stalled_message_timeout;
     if (timeout.count() <= 0) return;
     advanced_at_ = std::chrono::steady_clock::now();
-    if (watching_stall_) return;
+    if (!watching_stall_) ArmStall(advanced_at_ + timeout);
+  }
+  void ArmStall(std::chrono::steady_clock::time_point at) {
     watching_stall_ = true;
-    stall_timer_.expires_at(advanced_at_ + timeout);
+    stall_timer_.expires_at(at);
     stall_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
       if (auto self = weak.lock(); self && !ec) self->StallTick();
     });
@@ -732,11 +734,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     }
     // Still arriving, or stalled with no one waiting: look again when it would be overdue
     // (at least a quarter period on, so that a stall no one minds yet costs few wake-ups).
-    watching_stall_ = true;
-    stall_timer_.expires_at(std::max(advanced_at_ + timeout, now + timeout / 4));
-    stall_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
-      if (auto self = weak.lock(); self && !ec) self->StallTick();
-    });
+    ArmStall(std::max(advanced_at_ + timeout, now + timeout / 4));
   }
 
   // Reads again after Throttle or WaitForRoom paused receiving. A message arriving starts its
