@@ -410,6 +410,40 @@ TEST_CASE("length prefixes that announce 64 MiB allocate nothing until the bytes
   for (int fd : fds) close(fd);
 }
 
+// `clients` raw connections to `port` that each announce a message of `message` bytes and send
+// as much of it as the server takes within `duration`, never its last byte, then nothing more;
+// `each_round()` after every round of sends. Returns the connections and the bytes they sent.
+std::pair<std::vector<int>, size_t> SendAllButTheLastByte(uint16_t port, int clients,
+                                                          uint32_t message,
+                                                          std::chrono::milliseconds duration,
+                                                          const std::function<void()>& each_round) {
+  std::vector<int> fds;
+  std::vector<size_t> sent(clients, 0);  // of each message's body
+  for (int c = 0; c < clients; ++c) {
+    fds.push_back(RawClient(port));
+    const uint32_t len = htole32(message);
+    REQUIRE(SendAll(fds.back(), std::string_view(reinterpret_cast<const char*>(&len), 4)));
+  }
+  const std::string chunk(256 << 10, 'm');
+  const auto until = std::chrono::steady_clock::now() + duration;
+  while (std::chrono::steady_clock::now() < until) {
+    bool any = false;
+    for (int c = 0; c < clients; ++c) {
+      const size_t n = std::min(chunk.size(), size_t{message} - 1 - sent[c]);
+      const ssize_t w = n == 0 ? 0 : send(fds[c], chunk.data(), n, MSG_NOSIGNAL);
+      if (w > 0) {
+        sent[c] += size_t(w);
+        any = true;
+      }
+    }
+    each_round();
+    if (!any) std::this_thread::sleep_for(2ms);
+  }
+  size_t total = 0;
+  for (size_t n : sent) total += n;
+  return {fds, total};
+}
+
 // Each connection's read buffer grows for a large message only as its bytes arrive, and never
 // past one message (above); but a peer may send most of a message and stop, and many peers
 // together then held that many unfinished messages (here 8 x 16 MiB) until the idle timeout,
@@ -428,38 +462,13 @@ TEST_CASE(
   TestServer ts("tcp://127.0.0.1:0", so);
   auto good = Channel::ConnectBlocking(ts.uri);
   REQUIRE(good.ok());
-  struct Peer {
-    int fd;
-    size_t sent = 0;  // of the message's body; it never sends the last byte
-  };
-  std::vector<Peer> peers;
-  for (int c = 0; c < kClients; ++c) {
-    peers.push_back({RawClient(PortOf(ts.uri))});
-    const uint32_t len = htole32(kMessage);
-    REQUIRE(SendAll(peers.back().fd, std::string_view(reinterpret_cast<const char*>(&len), 4)));
-  }
-  const std::string chunk(256 << 10, 'm');
   int64_t peak = 0;
   RssWatch rss(getpid());  // the server is in this process
-  const auto until = std::chrono::steady_clock::now() + 4s;
-  while (std::chrono::steady_clock::now() < until) {
-    bool any = false;
-    for (Peer& p : peers) {
-      const size_t n = std::min(chunk.size(), size_t{kMessage} - 1 - p.sent);
-      if (n == 0) continue;
-      const ssize_t w = send(p.fd, chunk.data(), n, MSG_NOSIGNAL);
-      if (w > 0) {
-        p.sent += size_t(w);
-        any = true;
-      }
-    }
+  const auto [fds, sent] = SendAllButTheLastByte(PortOf(ts.uri), kClients, kMessage, 4s, [&] {
     peak = std::max(peak, ts.server.receiving_bytes());
-    if (!any) std::this_thread::sleep_for(2ms);
-  }
+  });
   std::this_thread::sleep_for(200ms);
   peak = std::max(peak, ts.server.receiving_bytes());
-  size_t sent = 0;
-  for (const Peer& p : peers) sent += p.sent;
   std::printf(
       "%d clients each sending most of a %u MiB message, %zu MiB server-wide: %zu MiB sent, "
       "the server counted at most %lld MiB for them\n",
@@ -479,7 +488,7 @@ TEST_CASE(
   EchoRequest req;
   req.set_payload("served");
   CHECK(TestService::BlockingStub(*good).Echo(req, {.timeout = 10s}).ok());
-  for (const Peer& p : peers) close(p.fd);
+  for (int fd : fds) close(fd);
   CHECK(Eventually([&] { return ts.server.receiving_bytes() == 0; }, 10000ms));
   // And large calls once the room is back.
   req.set_payload(std::string(12 << 20, 'l'));
@@ -550,28 +559,8 @@ TEST_CASE(
   TestServer ts("tcp://127.0.0.1:0", so);
   auto good = Channel::ConnectBlocking(ts.uri);
   REQUIRE(good.ok());
-  std::vector<int> fds;
-  std::vector<size_t> sent(kClients, 0);  // of each message's body; never its last byte
-  for (int c = 0; c < kClients; ++c) {
-    fds.push_back(RawClient(PortOf(ts.uri)));
-    const uint32_t len = htole32(kMessage);
-    REQUIRE(SendAll(fds.back(), std::string_view(reinterpret_cast<const char*>(&len), 4)));
-  }
   // As much of their messages as the server takes in 1.5 s, then nothing more.
-  const std::string chunk(256 << 10, 'm');
-  const auto until = std::chrono::steady_clock::now() + 1500ms;
-  while (std::chrono::steady_clock::now() < until) {
-    bool any = false;
-    for (int c = 0; c < kClients; ++c) {
-      const size_t n = std::min(chunk.size(), size_t{kMessage} - 1 - sent[c]);
-      const ssize_t w = n == 0 ? 0 : send(fds[c], chunk.data(), n, MSG_NOSIGNAL);
-      if (w > 0) {
-        sent[c] += size_t(w);
-        any = true;
-      }
-    }
-    if (!any) std::this_thread::sleep_for(2ms);
-  }
+  const auto [fds, sent] = SendAllButTheLastByte(PortOf(ts.uri), kClients, kMessage, 1500ms, [] {});
   // A large call from a well-behaved client: it needs room, or the token, and gets them once
   // stalled messages are given up (without that, only at the attackers' idle timeout, 5 min).
   EchoRequest req;
