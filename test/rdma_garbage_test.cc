@@ -6,7 +6,9 @@
 // and keep serving a well-behaved client. Then a client that writes into another client's ring
 // with that ring's own rkey (refused by the NIC: each ring is exposed through a memory window
 // bound to its connection's QP), and one that takes no replies and ignores credit (closed once
-// past it, with the server's memory bounded by its per-connection budget).
+// past it, with the server's memory bounded by its per-connection budget), and peers whose
+// chunked large messages stop arriving (held to the server-wide bound, and closed while others
+// wait for room).
 #include <arpa/inet.h>
 #include <endian.h>
 #include <infiniband/verbs.h>
@@ -147,6 +149,43 @@ class RawVerbsPeer {
     if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
     if (wc.status != IBV_WC_SUCCESS) Fail("receive completion failed");
     return ntohl(wc.imm_data);
+  }
+
+  // The immediate data of a write the server has made to us, without waiting: nullopt when none
+  // has come, or when the connection has failed (its receives come back flushed; failed() says
+  // so).
+  std::optional<uint32_t> PollImm() {
+    ibv_wc wc{};
+    const int n = ibv_poll_cq(id_->recv_cq, 1, &wc);
+    if (n < 0) Fail("ibv_poll_cq");
+    if (n == 0) return std::nullopt;
+    if (wc.status != IBV_WC_SUCCESS) {
+      failed_ = true;
+      return std::nullopt;
+    }
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 1;
+    if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
+    return ntohl(wc.imm_data);
+  }
+  bool failed() const { return failed_; }
+
+  // The GOAWAY's reason when `imm` announces a GOAWAY record in our ring, else nullopt.
+  std::optional<std::string> GoAwayAt(uint32_t imm) const {
+    if (imm & (transport::rdma::kImmCreditBit | transport::rdma::kImmFinBit)) return std::nullopt;
+    const uint8_t* rec = ring_.get() + uint64_t(imm) * transport::rdma::kRecordAlignBytes;
+    uint32_t total;
+    std::memcpy(&total, rec, 4);
+    DecodedFrame f;
+    if (le32toh(total) > kRing - 8 ||
+        !DecodeFrame(std::span<const std::byte>(reinterpret_cast<const std::byte*>(rec + 8),
+                                                le32toh(total)),
+                     &f)
+             .empty() ||
+        f.header.type != FrameType::kGoAway) {
+      return std::nullopt;
+    }
+    return std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
   }
 
   // The next frame the server writes into our ring (skipping credit returns).
@@ -349,6 +388,62 @@ class RawVerbsPeer {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   uint32_t remote_bytes_ = 0;
+  bool failed_ = false;
+};
+
+// A raw verbs peer that sends one large message as chunks (records of a quarter of the server's
+// ring, the largest the protocol allows), as far as the server's credit lets it, but never its
+// last chunk: a message that stops arriving. Keeps the reason of a GOAWAY the server sends it.
+class ChunkedSender {
+ public:
+  ChunkedSender(const std::string& uri, uint32_t message)
+      : peer_(uri),
+        message_(message),
+        ring_(peer_.remote_slots() * transport::rdma::kRecordAlignBytes),
+        credit_(ring_),
+        body_(std::string(ring_ / 4 - 8, 'c')) {
+    peer_.GrantRing();  // so that the server can write its GOAWAY
+  }
+
+  // Takes the credit the server has returned; writes the next chunk if that covers it. Returns
+  // whether it wrote.
+  bool Step() {
+    Hear();
+    const uint32_t record = ring_ / 4;
+    if (sent_ + body_.size() >= message_ || credit_ < record || peer_.failed()) return false;
+    peer_.SetRecord(message_, body_);
+    if (peer_.Write(at_, record, at_ / transport::rdma::kRecordAlignBytes) != IBV_WC_SUCCESS) {
+      return false;  // the server has closed the connection
+    }
+    at_ = (at_ + record) % ring_;
+    credit_ -= record;
+    sent_ += body_.size();
+    return true;
+  }
+
+  // What the server has written to us (credit returns, a GOAWAY) so far.
+  void Hear() {
+    while (auto imm = peer_.PollImm()) {
+      if (*imm & transport::rdma::kImmCreditBit) {
+        credit_ += uint64_t(*imm & transport::rdma::kImmMask) * transport::rdma::kRecordAlignBytes;
+      } else if (auto reason = peer_.GoAwayAt(*imm)) {
+        goaway_ = *reason;
+      }
+    }
+  }
+
+  size_t sent() const { return sent_; }
+  const std::string& goaway() const { return goaway_; }
+
+ private:
+  RawVerbsPeer peer_;
+  const uint32_t message_;
+  const uint32_t ring_;  // the server's
+  uint64_t credit_;      // bytes we may still write into it
+  uint32_t at_ = 0;      // where the next record goes
+  size_t sent_ = 0;      // of the message
+  const std::string body_;
+  std::string goaway_;
 };
 
 // A client that sends the CM's connect request with a valid HELLO and, once the server has
@@ -771,6 +866,81 @@ TEST_CASE("clients that take no replies cannot hold more than the server-wide bu
   CHECK(ts.server.throttle_events() > 0);
   // The closed peers' share is given back (the good client's is under the 32 KiB grain).
   CHECK(Eventually([&] { return ts.server.buffered_bytes() < 32 * 1024; }, 10000ms));
+}
+
+// Large messages over rdma:// that arrive in chunks (a peer that sends them so, or one that could
+// not register a buffer for a rendezvous) are held to the server-wide bound like TCP's, and one
+// that stops arriving while others wait for room is given up
+// (ServerOptions::stalled_message_timeout): without that, the peer holding the one turn past the
+// bound kept it, and every other large message waited (and whatever the waiting connections sent
+// behind theirs), until the idle timeout. The TCP counterparts are in hostile_tcp_test.
+TEST_CASE(
+    "raw verbs peers whose chunked messages stop arriving while others wait for room are "
+    "held to the bound, then closed, so that other large calls go on",
+    "[rdma][hostile][memory]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  constexpr size_t kBound = 1 << 20;
+  constexpr uint32_t kMessage = 3 << 20;
+  constexpr int kPeers = 3;
+  ServerOptions so{.io_threads = 1};
+  so.max_buffered_bytes = kBound;
+  so.stalled_message_timeout = 500ms;
+  TestServer ts(listen, so);
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  std::vector<std::unique_ptr<ChunkedSender>> peers;
+  for (int p = 0; p < kPeers; ++p)
+    peers.push_back(std::make_unique<ChunkedSender>(ts.uri, kMessage));
+  REQUIRE(Eventually([&] { return ts.server.connections() == 1 + kPeers; }, 10000ms));
+  // Round by round, a chunk from each peer the server's credit lets write, until none has
+  // written for a second (each has sent all but its last chunk, waits for room, or was closed).
+  int64_t peak = 0;
+  auto last_write = std::chrono::steady_clock::now();
+  const auto give_up = last_write + 60s;
+  while (std::chrono::steady_clock::now() - last_write < 1s &&
+         std::chrono::steady_clock::now() < give_up) {
+    for (auto& p : peers) {
+      if (p->Step()) last_write = std::chrono::steady_clock::now();
+    }
+    peak = std::max(peak, ts.server.receiving_bytes());
+  }
+  size_t sent = 0;
+  for (auto& p : peers) sent += p->sent();
+  const int64_t stalled_before_call = ts.server.stalled_messages();
+  // A large call from a well-behaved client (a rendezvous read, which waits for room too): it
+  // gets room, or the turn past the bound, once the stalled messages are given up.
+  EchoRequest req;
+  req.set_payload(std::string(1 << 20, 'l'));
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = TestService::BlockingStub(*good).Echo(req, {.timeout = 20s});
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  peak = std::max(peak, ts.server.receiving_bytes());
+  std::printf(
+      "%d raw verbs peers each sending all but the last chunk of a %u MiB message (%zu KiB "
+      "server-wide, stalled_message_timeout %lld ms): %zu KiB sent, the server counted at most "
+      "%lld KiB for them; %lld closed as stalled before a 1 MiB call, which then took %.2f s; "
+      "%lld closed in all\n",
+      kPeers, kMessage >> 20, kBound >> 10,
+      static_cast<long long>(so.stalled_message_timeout.count()), sent >> 10,
+      static_cast<long long>(peak >> 10), static_cast<long long>(stalled_before_call), took,
+      static_cast<long long>(ts.server.stalled_messages()));
+  INFO(r.status().ToString());
+  CHECK(r.ok());
+  // The bound, and the one message let past it (plus the chunk told after it was taken).
+  CHECK(peak <= int64_t(kBound + kMessage + 8192));
+  CHECK(ts.server.stalled_messages() >= 1);
+  // Those closed were told why, in a GOAWAY written into their rings.
+  int told = 0;
+  const auto listen_until = std::chrono::steady_clock::now() + 500ms;
+  while (std::chrono::steady_clock::now() < listen_until) {
+    for (auto& p : peers) p->Hear();
+  }
+  for (auto& p : peers) told += p->goaway().find("stopped arriving") != std::string::npos;
+  CHECK(told == ts.server.stalled_messages());
+  CHECK(TestService::BlockingStub(*good).Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
 TEST_CASE(
