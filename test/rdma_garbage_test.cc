@@ -17,6 +17,7 @@
 #include <rdma/rdma_verbs.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -240,6 +241,39 @@ class RawVerbsPeer {
     // A write to a QP the server has closed may never complete (its packets are dropped and
     // this QP's retry timer may be unbounded): give up after a while.
     return PostAndWait(wr, 2s);
+  }
+
+  // `count` zero-length writes with a credit of 0 bytes as immediate data (what a sender posts
+  // to retire its unsignaled writes: a no-op for the receiver), 16 at a time. Returns how many
+  // completed; fewer once the server has closed the connection.
+  int WriteNoops(int count) {
+    int done = 0;
+    while (done < count) {
+      ibv_send_wr wrs[16]{};
+      const int batch = std::min(16, count - done);
+      for (int i = 0; i < batch; ++i) {
+        wrs[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wrs[i].imm_data = htonl(transport::rdma::kImmCreditBit);
+        wrs[i].wr.rdma.remote_addr = remote_addr_;
+        wrs[i].wr.rdma.rkey = remote_rkey_;
+        wrs[i].next = i + 1 < batch ? &wrs[i + 1] : nullptr;
+      }
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(id_->qp, wrs, &bad)) return done;
+      const auto until = std::chrono::steady_clock::now() + 2s;
+      for (int got = 0; got < batch;) {
+        ibv_wc wc[16];
+        const int n = ibv_poll_cq(id_->send_cq, 16, wc);
+        if (n < 0) Fail("ibv_poll_cq");
+        for (int i = 0; i < n; ++i) {
+          if (wc[i].status != IBV_WC_SUCCESS) return done;
+          ++done;
+        }
+        got += n;
+        if (n == 0 && std::chrono::steady_clock::now() > until) return done;
+      }
+    }
+    return done;
   }
 
   // A two-sided SEND of `bytes` from the send buffer (with `imm` as immediate data, if given):
@@ -941,6 +975,65 @@ TEST_CASE(
   for (auto& p : peers) told += p->goaway().find("stopped arriving") != std::string::npos;
   CHECK(told == ts.server.stalled_messages());
   CHECK(TestService::BlockingStub(*good).Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
+// Zero-length writes take no room in the ring, so credit does not hold them back; a credit of 0
+// bytes is what a sender posts to retire its unsignaled writes (at most once per sweep, and once
+// when it closes). Each still takes a receive from the I/O thread's shared receive queue and a
+// completion the thread must handle, in turn with every other connection's on that thread:
+// without a bound, this flood kept the server's I/O thread 100% busy for as long as it went on
+// (a good client's p50 did not move in the guest). Now the protocol allows 64 at once and one
+// per 100 ms (transport/rdma/tunables.h, kNoopBurst).
+TEST_CASE("a raw verbs peer that floods no-op writes is closed; others are served",
+          "[rdma][hostile]") {
+  const std::string listen = RdmaUri();
+  REQUIRE_FALSE(listen.empty());
+  InitLogging("", "info");
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  auto good = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(good.ok());
+  TestService::BlockingStub stub(*good);
+  // The good client's 64 B calls: p50 in us.
+  auto p50 = [&](int calls) {
+    std::vector<double> us;
+    for (int i = 0; i < calls; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      EchoRequest req;
+      req.set_payload(std::string(64, 'x'));
+      if (!stub.Echo(req, {.timeout = 10s}).ok()) return -1.0;
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  const double quiet = p50(300);
+  RawVerbsPeer peer(ts.uri);
+  peer.GrantRing();  // (a first credit that is not the whole ring is a protocol error)
+  REQUIRE(Eventually([&] { return ts.server.connections() == 2; }, 10000ms));
+  std::atomic<bool> stop{false};
+  std::atomic<long> noops{0};
+  std::thread flood([&] {
+    while (!stop) {
+      const int n = peer.WriteNoops(1024);
+      noops += n;
+      if (n < 1024) break;  // closed
+    }
+  });
+  const double flooded = p50(300);
+  const bool closed = Eventually([&] { return ts.server.connections() == 1; }, 3000ms);
+  stop = true;
+  flood.join();
+  std::printf(
+      "no-op write flood over rdma://: %ld no-ops written; a good client's 64 B p50 %.1f us "
+      "quiet, %.1f us during the flood; flooder %s\n",
+      noops.load(), quiet, flooded, closed ? "closed" : "still connected");
+  CHECK(flooded > 0);
+  CHECK(closed);
+  // Closed past the burst the protocol allows (64), with the writes then in flight: within the
+  // first 1,024 (without the bound, some 50,000 in those 3 s).
+  CHECK(noops.load() < 1024);
+  CHECK(stub.Echo(EchoRequest(), {.timeout = 10s}).ok());
 }
 
 TEST_CASE(

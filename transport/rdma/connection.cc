@@ -362,6 +362,12 @@ void RdmaConnection::Process(const ibv_wc& wc) {
   }
   const uint32_t imm = be32toh(wc.imm_data);
   if (imm & kImmCreditBit) {
+    if ((imm & kImmMask) == 0 && !TakeNoop()) [[unlikely]] {
+      CloseWith("protocol error: more no-op writes (credits of 0 bytes) than " +
+                std::to_string(kNoopBurst) + " at once and one per " +
+                std::to_string(kNoopRefillMs) + " ms");
+      return;
+    }
     const uint64_t used_before = send_ring_.used();
     if (!send_ring_.OnCredit(uint64_t(imm & kImmMask) * kRecordAlignBytes)) {
       CloseWith("protocol error: peer returned more credit than was used");
@@ -376,6 +382,22 @@ void RdmaConnection::Process(const ibv_wc& wc) {
   } else {
     OnRecord(uint64_t(imm & kImmMask) * kRecordAlignBytes, wc.byte_len);
   }
+}
+
+bool RdmaConnection::TakeNoop() {
+  if (noops_left_ < kNoopBurst) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto refills = (now - noops_topped_up_) / std::chrono::milliseconds(kNoopRefillMs);
+    if (refills > 0) {
+      noops_left_ = uint32_t(std::min<int64_t>(kNoopBurst, noops_left_ + refills));
+      noops_topped_up_ = now;
+    }
+  } else {
+    noops_topped_up_ = std::chrono::steady_clock::now();  // full: the refill clock starts now
+  }
+  if (noops_left_ == 0) return false;
+  --noops_left_;
+  return true;
 }
 
 void RdmaConnection::Hold(const ibv_wc& wc) {

@@ -11,6 +11,7 @@
 #include <array>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -134,6 +135,8 @@ class RdmaConnection final : public Connection,
   // and a signaled send's completion.
   [[gnu::noinline]] void Hold(const ibv_wc& wc);
   [[gnu::noinline]] void OnSendCompleted(const ibv_wc& wc);
+  // A no-op from the peer (a credit of 0 bytes): whether it is within kNoopBurst/kNoopRefillMs.
+  [[gnu::noinline]] bool TakeNoop();
   // A message waiting for credit: a copy (small, or chunked without windows), or a registered
   // buffer it was serialized into, to be exposed by rendezvous.
   struct Outgoing {
@@ -248,6 +251,10 @@ class RdmaConnection final : public Connection,
   ThreadDevice::SendBuffer send_;
   bool wrote_since_sweep_ = false;  // a record was posted since the last OnSweep
   bool retire_posted_ = false;      // OnSweep's signaled no-op is on its way
+  // The peer's no-ops (credits of 0 bytes) this connection still takes, and when that was last
+  // topped up (kNoopBurst, kNoopRefillMs; TakeNoop).
+  uint32_t noops_left_ = kNoopBurst;
+  std::chrono::steady_clock::time_point noops_topped_up_ = std::chrono::steady_clock::now();
   EventChannel events_;
   boost::asio::posix::stream_descriptor event_fd_;
   CmId id_;

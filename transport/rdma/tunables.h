@@ -64,6 +64,18 @@ inline constexpr uint32_t kSendBuffersPerSlab = 8;
 // idle connection then pins only its receive ring; a thread whose connections all went quiet
 // stops looking (no timer while nothing is out, so an idle server stays asleep).
 inline constexpr int kStagingSweepMs = 1000;
+// A write with a credit of 0 bytes is a no-op for the receiver: a sender posts one, signaled, to
+// retire its unsignaled writes (at most once per kStagingSweepMs, and once as it closes). Such
+// writes take no room in the ring, so credit does not hold them back -- the only writes a peer
+// could make without bound -- yet each takes a receive from the I/O thread's shared queue and a
+// completion the thread handles in turn with every other connection's. One raw verbs client
+// in the emulated guest kept a server's I/O thread 100% busy with 30,000-50,000 a second
+// (records are held to a ring's worth per connection, so no peer can take more than that of
+// the shared receives while the thread is busy elsewhere; no-ops could take them all). So each
+// connection takes at most kNoopBurst of them at once, plus one per kNoopRefillMs, and closes
+// on the next.
+inline constexpr uint32_t kNoopBurst = 64;
+inline constexpr int kNoopRefillMs = 100;
 // Selective signaling: one signaled send per this many.
 inline constexpr uint32_t kSignalEvery = 32;
 // Completions taken from one CQ before the I/O thread runs its other queued work. Polling until
