@@ -49,15 +49,6 @@ constexpr double kAllowedMiB = 1e9;
 constexpr double kAllowedMiB = 64 + 2 * 16;
 #endif
 
-double RssMiB(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
-
 // Samples a process's resident memory every 20 ms while it lives.
 class RssWatch {
  public:

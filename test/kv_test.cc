@@ -215,6 +215,54 @@ TEST_CASE("KV: Get, Put, Delete, MultiGet and Scan behave as documented", "[kv]"
   });
 }
 
+// The memory engine is held to --max-store-bytes (1 GiB by default): a put that would grow the
+// store past it fails with RESOURCE_EXHAUSTED and changes nothing, and the server serves on.
+// Without a bound any client could fill the server's memory: these 2,000 puts of 64 KiB (125 MiB)
+// all went in, and the server's resident memory went from 18.8 to 208.5 MiB.
+TEST_CASE(
+    "KV memory store: puts past --max-store-bytes fail with RESOURCE_EXHAUSTED; reads, deletes "
+    "and smaller puts go on",
+    "[kv]") {
+  constexpr size_t kValue = 64 << 10;
+  constexpr long kBound = 8 << 20;
+  auto [server, uri] = StartKvServer({"--max-store-bytes", std::to_string(kBound)});
+  const double rss_start = RssMiB(server->pid());
+  WithClient({uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    const std::string value(kValue, 'v');
+    int accepted = 0;
+    std::string refusal;
+    for (int i = 0; i < 2000; ++i) {
+      auto r = co_await c.Put(Key(i), value);
+      if (r.ok()) {
+        ++accepted;
+      } else if (refusal.empty()) {
+        refusal = r.status().ToString();
+      }
+    }
+    const double rss = RssMiB(server->pid());
+    std::printf(
+        "2,000 puts of 64 KiB against --max-store-bytes %ld: %d accepted; the server's resident "
+        "memory %.1f -> %.1f MiB; refused with: %s\n",
+        kBound, accepted, rss_start, rss, refusal.c_str());
+    // As many as fit, each entry counted as its key and value and 128 bytes of bookkeeping.
+    const long entry = long(kValue + Key(0).size() + kv::kMemoryEntryOverheadBytes);
+    CHECK(accepted == kBound / entry);
+    CHECK(refusal.rfind("RESOURCE_EXHAUSTED", 0) == 0);
+    CHECK(refusal.find("store full") != std::string::npos);
+    CHECK(rss - rss_start < 64);
+    // What is stored is still there; a key made smaller makes room for one more value, a delete
+    // for another.
+    auto got = co_await c.Get(Key(0));
+    REQUIRE(got.ok());
+    CHECK(got->value() == value);
+    CHECK((co_await c.Put(Key(1), "small")).ok());
+    CHECK((co_await c.Put("after/1", value)).ok());
+    CHECK_FALSE((co_await c.Put("after/2", value)).ok());
+    CHECK((co_await c.Delete(Key(2))).ok());
+    CHECK((co_await c.Put("after/2", value)).ok());
+  });
+}
+
 TEST_CASE("KV Watch: every change under a prefix, in version order, live and replayed",
           "[kv][watch]") {
   const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");

@@ -137,4 +137,14 @@ inline std::pair<std::unique_ptr<Child>, std::string> StartServer(
   }
 }
 
+// A process's resident memory (VmRSS) in MiB; -1 when it cannot be read (the process is gone).
+inline double RssMiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
 }  // namespace rdmarpc::testing

@@ -58,7 +58,12 @@ class Engine {
   virtual rdmarpc::Status Flush() = 0;
 };
 
-std::unique_ptr<Engine> NewMemoryEngine();
+// The in-memory engine holds at most `max_bytes` of keys and values (each entry counted as its
+// key and value plus kMemoryEntryOverheadBytes of bookkeeping; 0 = no bound): a Put that would
+// take it past that fails with RESOURCE_EXHAUSTED and changes nothing, so that clients cannot
+// fill the server's memory. Deletes, and Puts that make an entry smaller, always go through.
+inline constexpr uint64_t kMemoryEntryOverheadBytes = 128;
+std::unique_ptr<Engine> NewMemoryEngine(uint64_t max_bytes = 0);
 
 // Opens (creating if needed) a RocksDB database in `dir`. With `sync`, every write is fsynced
 // before it is acknowledged (survives power loss); without, writes go to RocksDB's write-ahead

@@ -1,7 +1,8 @@
 // kv_server: serves kv.KV (proto/kv.proto) from an in-memory map or a RocksDB database.
 //
 //   kv_server --listen tcp://0.0.0.0:7480 [--listen rdma://0.0.0.0:7480] [--threads 4]
-//             [--engine memory|rocksdb] [--data-dir DIR] [--sync] [--log-level info]
+//             [--engine memory|rocksdb] [--data-dir DIR] [--sync] [--max-store-bytes N]
+//             [--log-level info]
 //             [--busy-poll] [--poll-spin-us US] [limits: see --help]
 //
 // SIGTERM/SIGINT: stop accepting, finish in-flight calls, flush the engine, exit 0.
@@ -18,7 +19,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kv_server [--listen URI]... [--threads N] [--engine memory|rocksdb]\n"
-    "                 [--data-dir DIR] [--sync] [--auth-secret-file F] [--log-level LEVEL]\n"
+    "                 [--data-dir DIR] [--sync] [--max-store-bytes N] [--auth-secret-file F]\n"
+    "                 [--log-level LEVEL]\n"
     "                 [--busy-poll] [--poll-spin-us US] [limits, below]\n"
     "\n"
     "Serves kv.KV (proto/kv.proto) until SIGINT or SIGTERM, then finishes in-flight calls,\n"
@@ -30,6 +32,9 @@ constexpr char kUsage[] =
     "  --sync             rocksdb: fsync every write before acknowledging it (survives power\n"
     "                     loss). Without it, acknowledged writes survive the process being\n"
     "                     killed (SIGKILL included) but not a machine crash.\n"
+    "  --max-store-bytes N  memory: keys and values held at most (each entry counted with\n"
+    "                     128 bytes of bookkeeping); a put past it fails with\n"
+    "                     RESOURCE_EXHAUSTED (1073741824; 0 = no bound)\n"
     "%COMMON%"
     "\n"
     "%LIMITS%"
@@ -50,13 +55,16 @@ int main(int argc, char** argv) {
   namespace cmdline = rdmarpc::cmdline;
   cmdline::Flags flags(
       argc, argv,
-      cmdline::WithServerHarnessFlags({{"engine", true}, {"data-dir", true}, {"sync", false}}));
+      cmdline::WithServerHarnessFlags(
+          {{"engine", true}, {"data-dir", true}, {"sync", false}, {"max-store-bytes", true}}));
   if (flags.has("help")) {
     std::cout << Usage();
     return 0;
   }
   const std::string data_dir = flags.get("data-dir", "");
   const std::string engine_name = flags.get("engine", data_dir.empty() ? "memory" : "rocksdb");
+  const uint64_t max_store_bytes =
+      static_cast<uint64_t>(flags.get_int("max-store-bytes", 1L << 30, 0, 1L << 50));
   const auto check = [&]() -> std::string {
     if (engine_name != "memory" && engine_name != "rocksdb") {
       return "unknown engine '" + engine_name + "' (memory or rocksdb)";
@@ -65,6 +73,9 @@ int main(int argc, char** argv) {
     if (engine_name == "memory" && !data_dir.empty()) return "--data-dir is for --engine rocksdb";
     if (engine_name == "memory" && flags.has("sync")) {
       return "--sync is for --engine rocksdb (the memory engine keeps nothing on disk)";
+    }
+    if (engine_name == "rocksdb" && flags.has("max-store-bytes")) {
+      return "--max-store-bytes is for --engine memory (rocksdb is bounded by its disk)";
     }
     return "";
   };
@@ -83,7 +94,7 @@ int main(int argc, char** argv) {
     }
     engine = std::move(*e);
   } else {
-    engine = kv::NewMemoryEngine();
+    engine = kv::NewMemoryEngine(max_store_bytes);
   }
 
   kv::KvService service(*engine, data_dir);

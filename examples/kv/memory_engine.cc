@@ -15,6 +15,7 @@ using rdmarpc::Status;
 
 class MemoryEngine final : public Engine {
  public:
+  explicit MemoryEngine(uint64_t max_bytes) : max_bytes_(max_bytes) {}
   std::string name() const override { return "memory"; }
 
   Result<std::optional<Record>> Get(std::string_view key) override {
@@ -30,6 +31,15 @@ class MemoryEngine final : public Engine {
     auto it = map_.find(key);
     const uint64_t current = it == map_.end() ? 0 : it->second.version;
     if (expected && *expected != current) return VersionMismatch(expected, current);
+    const uint64_t before = it == map_.end() ? 0 : EntryBytes(key, it->second.value);
+    const uint64_t after = EntryBytes(key, value);
+    if (max_bytes_ != 0 && after > before && bytes_ - before + after > max_bytes_) {
+      return Status(rdmarpc::StatusCode::kResourceExhausted,
+                    "store full: the memory engine holds " + std::to_string(bytes_) + " of its " +
+                        std::to_string(max_bytes_) + " bytes (kv_server --max-store-bytes), and " +
+                        "this put needs " + std::to_string(after - before) + " more");
+    }
+    bytes_ = bytes_ - before + after;
     const uint64_t v = ++version_;
     if (it == map_.end()) {
       map_.emplace(std::string(key), Record{std::string(value), v});
@@ -46,6 +56,7 @@ class MemoryEngine final : public Engine {
     const uint64_t current = it == map_.end() ? 0 : it->second.version;
     if (expected && *expected != current) return VersionMismatch(expected, current);
     if (it == map_.end()) return uint64_t{0};
+    bytes_ -= EntryBytes(key, it->second.value);
     map_.erase(it);
     return ++version_;
   }
@@ -78,14 +89,22 @@ class MemoryEngine final : public Engine {
   Status Flush() override { return Status(); }
 
  private:
+  static uint64_t EntryBytes(std::string_view key, std::string_view value) {
+    return key.size() + value.size() + kMemoryEntryOverheadBytes;
+  }
+
+  const uint64_t max_bytes_;
   std::shared_mutex mu_;
   std::map<std::string, Record, std::less<>> map_;
   uint64_t version_ = 0;
+  uint64_t bytes_ = 0;  // what the entries count for against max_bytes_
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> NewMemoryEngine() { return std::make_unique<MemoryEngine>(); }
+std::unique_ptr<Engine> NewMemoryEngine(uint64_t max_bytes) {
+  return std::make_unique<MemoryEngine>(max_bytes);
+}
 
 Status VersionMismatch(std::optional<uint64_t> expected, uint64_t current) {
   return Status(rdmarpc::StatusCode::kAborted,
