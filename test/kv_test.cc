@@ -263,6 +263,74 @@ TEST_CASE(
   });
 }
 
+// MultiGet and Scan copy values into one reply, so a small request could make the server build
+// a huge one: a 1 MiB value asked for 2,000 times in one MultiGet (a request of ~20 KB) made the
+// server build 2 GiB (resident memory 18.8 -> 2,036 MiB) before the reply was refused as over
+// the message limit; 20,000 times would have taken 20 GiB. A MultiGet reply is held to
+// KvService::kMaxReplyBytes now, past which it fails with RESOURCE_EXHAUSTED.
+TEST_CASE("KV: a MultiGet whose reply would be huge fails, costing the server at most the limit",
+          "[kv]") {
+  auto [server, uri] = StartKvServer({});
+  const double rss_start = RssMiB(server->pid());
+  WithClient({uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    const std::string value(1 << 20, 'v');
+    std::vector<std::string> distinct;
+    for (int i = 0; i < 8; ++i) {
+      REQUIRE((co_await c.Put(Key(i), value)).ok());
+      distinct.push_back(Key(i));
+    }
+    auto huge = co_await c.MultiGet(std::vector<std::string>(2000, Key(0)));
+    const double rss = RssMiB(server->pid());
+    REQUIRE(huge.size() == 2000);
+    std::printf(
+        "MultiGet of one 1 MiB value 2,000 times: %s; the server's resident memory %.1f -> %.1f "
+        "MiB\n",
+        huge[0].ok() ? "ok" : huge[0].status().ToString().c_str(), rss_start, rss);
+    REQUIRE_FALSE(huge[0].ok());
+    CHECK(huge[0].status().code() == StatusCode::kResourceExhausted);
+    CHECK(huge[0].status().message().find("ask for fewer keys") != std::string::npos);
+    CHECK(rss - rss_start < 256);
+    // Within the limit, as before.
+    auto some = co_await c.MultiGet(distinct);
+    for (auto& r : some) {
+      REQUIRE(r.ok());
+      CHECK(r->value() == value);
+    }
+  });
+}
+
+// A Scan page ends before an entry that would take it past KvService::kScanPageBytes (16 MiB),
+// with `more` set, so that a store of large values can be scanned page by page: before, 80 values
+// of 1 MiB in the range made every page with the default limit an 80 MiB reply, refused as over
+// the message limit (RESOURCE_EXHAUSTED), and the range could not be scanned at all.
+TEST_CASE("KV: Scan pages over large values stay under the page limit and cover the range",
+          "[kv]") {
+  const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");
+  INFO("engine: " << engine);
+  KvServer s(engine);
+  WithClient({s.uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
+    const std::string value(1 << 20, 'v');
+    for (int i = 0; i < 80; ++i) REQUIRE((co_await c.Put(Key(i), value)).ok());
+    kv::ScanRequest req;
+    int seen = 0, pages = 0;
+    for (;;) {
+      auto page = co_await c.Scan(req);
+      REQUIRE(page.ok());
+      ++pages;
+      CHECK(page->entries_size() > 0);
+      CHECK(page->entries_size() <= 16);  // 16 MiB of keys and values
+      for (const auto& e : page->entries()) {
+        CHECK(e.key() == Key(seen++));
+        CHECK(e.value().size() == value.size());
+      }
+      if (!page->more()) break;
+      req.set_after(page->continuation());
+    }
+    std::printf("%s: 80 values of 1 MiB scanned in %d pages\n", engine.c_str(), pages);
+    CHECK(seen == 80);
+  });
+}
+
 TEST_CASE("KV Watch: every change under a prefix, in version order, live and replayed",
           "[kv][watch]") {
   const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");

@@ -32,6 +32,9 @@ struct ScanRange {
   std::string end;    // exclusive; empty = to the end
   std::string after;  // if not empty: only keys > after (a continuation)
   size_t limit = 1000;
+  // Ends the page early (with `more`) before an entry that would take its keys and values past
+  // this many bytes, though never before its first entry; 0 = no bound.
+  size_t max_bytes = 0;
 };
 
 class Engine {

@@ -159,8 +159,19 @@ void ChangeLog::RemoveWatcher(const std::shared_ptr<Waker>& w) {
 
 boost::asio::awaitable<Status> KvService::MultiGet(ServerContext&, const MultiGetRequest& req,
                                                    MultiGetReply& reply) {
+  size_t bytes = 0;
   for (const auto& key : req.keys()) {
-    if (Status s = FillGet(engine_, key, *reply.add_results()); !s.ok()) co_return s;
+    GetReply* result = reply.add_results();
+    if (Status s = FillGet(engine_, key, *result); !s.ok()) co_return s;
+    bytes += key.size() + result->value().size();
+    if (bytes > kMaxReplyBytes) {
+      const int done = reply.results_size();
+      reply.Clear();
+      co_return Status(StatusCode::kResourceExhausted,
+                       "MultiGet reply over " + std::to_string(kMaxReplyBytes) + " bytes after " +
+                           std::to_string(done) + " of " + std::to_string(req.keys_size()) +
+                           " keys: ask for fewer keys at a time");
+    }
   }
   co_return Status();
 }
@@ -175,6 +186,7 @@ boost::asio::awaitable<Status> KvService::Scan(ServerContext&, const ScanRequest
   range.end = req.end();
   range.after = req.after();
   range.limit = req.limit() == 0 ? 1000 : std::min(req.limit(), kMaxScanLimit);
+  range.max_bytes = kScanPageBytes;
   bool more = false;
   auto entries = engine_.Scan(range, &more);
   if (!entries.ok()) co_return entries.status();

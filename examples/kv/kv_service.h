@@ -90,6 +90,13 @@ class KvService final : public KV::Service {
 
   // Largest number of entries one Scan returns, whatever the request asks.
   static constexpr uint32_t kMaxScanLimit = 10000;
+  // Replies copy values, so a small request could ask for a huge one (one large value named
+  // thousands of times in a MultiGet): the keys and values of a MultiGet reply are held to
+  // kMaxReplyBytes (the default message limit: a larger reply could not be sent anyway), past
+  // which it fails with RESOURCE_EXHAUSTED, and a Scan page ends (with `more`) before an entry
+  // that would take it past kScanPageBytes (a page always has its first entry).
+  static constexpr size_t kMaxReplyBytes = 64u << 20;
+  static constexpr size_t kScanPageBytes = 16u << 20;
 
  private:
   Engine& engine_;

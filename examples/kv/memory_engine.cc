@@ -67,12 +67,15 @@ class MemoryEngine final : public Engine {
     auto it = r.after.empty() || r.after < r.start ? map_.lower_bound(r.start)
                                                    : map_.upper_bound(r.after);
     *more = false;
+    size_t bytes = 0;
     for (; it != map_.end(); ++it) {
       if (!r.end.empty() && it->first >= r.end) break;
-      if (out.size() == r.limit) {
+      const size_t entry = it->first.size() + it->second.value.size();
+      if (out.size() == r.limit || (r.max_bytes && !out.empty() && bytes + entry > r.max_bytes)) {
         *more = true;
         break;
       }
+      bytes += entry;
       out.push_back({it->first, it->second.value, it->second.version});
     }
     return out;

@@ -132,13 +132,16 @@ class RocksDbEngine final : public Engine {
     if (from_after && it->Valid() && it->key() == rocksdb::Slice(r.after)) it->Next();
     std::vector<ScanEntry> out;
     *more = false;
+    size_t bytes = 0;
     for (; it->Valid(); it->Next()) {
       std::string_view k(it->key().data(), it->key().size());
       if (!r.end.empty() && k >= r.end) break;
-      if (out.size() == r.limit) {
+      const size_t entry = k.size() + it->value().size();  // (the value and its version)
+      if (out.size() == r.limit || (r.max_bytes && !out.empty() && bytes + entry > r.max_bytes)) {
         *more = true;
         break;
       }
+      bytes += entry;
       Record rec;
       if (!Decode(std::string_view(it->value().data(), it->value().size()), &rec)) {
         return Status(StatusCode::kDataLoss, "stored record is corrupt");
