@@ -55,6 +55,12 @@ class ServerWriter {
   // connection is gone) or `message` is over the message limit (the call then ends with
   // RESOURCE_EXHAUSTED, whatever the handler returns): stop writing and return.
   boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }
+  // Waits until a Write would go at once (the caller's window has room and its connection is
+  // within its budget); false when the stream is over, as Write. For a handler that should not
+  // build or hold its next message until the caller can take it -- one that copies it out of
+  // shared state, say: waiting inside Write, it would hold that copy for as long as the caller
+  // does not read. Nothing suspends between a true answer and the next Write on this stream.
+  boost::asio::awaitable<bool> Writable() { return stream_.Writable(); }
 
   const Status& error() const { return stream_.error(); }
 
@@ -104,6 +110,8 @@ class ServerReaderWriter {
   // As ServerWriter::Write. Writing after the caller half-closed is fine: half-close ends only
   // the caller's direction.
   boost::asio::awaitable<bool> Write(const Resp& message) { return stream_.Write(message); }
+  // As ServerWriter::Writable.
+  boost::asio::awaitable<bool> Writable() { return stream_.Writable(); }
 
   const Status& error() const { return stream_.error(); }
 

@@ -2,6 +2,10 @@
 # clang-format over every C++ file in the repository (.clang-format: Google style, 100 columns).
 #   tools/format.sh           rewrites the files in place
 #   tools/format.sh --check   changes nothing; lists the files that are not formatted, exits 1 if any
+# --check also refuses a Catch2 assertion (REQUIRE, CHECK, ...) with co_await inside it: the
+# macros name their expression in places that are never evaluated, and GCC 12's coroutine
+# lowering evaluates a co_await there anyway -- three awaits for one REQUIRE(co_await f()), so
+# a test that did a Put or a Read that way did it three times. Await into a local first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -17,5 +21,11 @@ for f in $(git ls-files '*.cc' '*.h'); do
     bad=1
   fi
 done
+if git ls-files '*.cc' '*.h' | xargs grep -nE \
+    '\b(REQUIRE|CHECK|REQUIRE_FALSE|CHECK_FALSE|CHECK_THAT|REQUIRE_THAT|CHECKED_IF|CHECKED_ELSE)\s*\(.*\bco_await\b'; then
+  echo "format.sh: co_await inside a Catch2 assertion (above) runs three times under GCC 12:"
+  echo "           await into a local, then assert on it"
+  bad=1
+fi
 [ "$bad" -eq 0 ] && echo "format.sh: every C++ file is formatted"
 exit $bad

@@ -76,8 +76,12 @@ boost::asio::awaitable<Status> KvService::Watch(ServerContext& ctx, const WatchR
   } remove{changes_, waker};
   uint64_t after = req.after_version() != 0 ? req.after_version() : changes_.published();
   while (!ctx.cancelled()) {
+    // One change at a time, taken (copied) only once the stream can send it at once: a copy
+    // taken before would be held for as long as the caller does not read, and a history's worth
+    // for each of a caller's watches added up to gigabytes.
+    if (!co_await writer.Writable()) co_return Status(StatusCode::kCancelled, "watch ended");
     uint64_t seen = after;
-    auto events = changes_.Since(after, req.prefix(), 256, &seen);
+    auto events = changes_.Since(after, req.prefix(), 1, &seen);
     if (!events) {
       co_return Status(StatusCode::kOutOfRange,
                        "changes after version " + std::to_string(after) +

@@ -340,6 +340,9 @@ class ServerStream {
  public:
   explicit ServerStream(ServerCall& call) : call_(call) {}
   boost::asio::awaitable<bool> Write(const google::protobuf::MessageLite& message);
+  // Until a Write would go without waiting; false once the stream is over (see
+  // ServerWriter::Writable).
+  boost::asio::awaitable<bool> Writable();
   // The caller's next message into `out`; false at the end (see ServerReader::Read).
   boost::asio::awaitable<bool> Read(google::protobuf::MessageLite& out);
   template <class Req>
