@@ -202,6 +202,40 @@ TEST_CASE("a reader that stops reading holds back the server: memory stays bound
   CHECK(call.Finish().ok());
 }
 
+// ServerWriter::Writable: a handler that builds (copies) each message only once it can be sent
+// holds none while its reader does not read, and hears the end of the stream from it.
+TEST_CASE("Writable waits out a full window, so that nothing is built meanwhile; false at the end",
+          "[stream][flow]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen);
+  auto ch = Channel::ConnectBlocking(ts.uri);
+  REQUIRE(ch.ok());
+  CountRequest req = Count(100'000, 1024);
+  req.set_writable_first(true);
+  auto call = TestService::BlockingStub(*ch).Count(req);
+  REQUIRE(call.Read().has_value());
+  std::this_thread::sleep_for(1s);
+  // Held back by the window as with Write alone, but with no message built and waiting: a
+  // Writable that did not wait would let the handler build the next one and wait in Write.
+  const uint64_t sent = ts.service.stream_messages_sent.load();
+  const uint64_t built = ts.service.stream_messages_built.load();
+  CHECK(sent <= kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2);
+  CHECK(built == sent);
+  // Reading on, every message comes, in order.
+  for (uint64_t i = 1; i < 1000; ++i) {
+    auto m = call.Read();
+    REQUIRE(m.has_value());
+    CHECK(m->seq() == i);
+  }
+  // The caller cancels while the handler waits in Writable: it answers false.
+  std::this_thread::sleep_for(200ms);
+  call.Cancel();
+  CHECK(Eventually([&] { return ts.service.streams_running == 0; }, 10000ms));
+  CHECK(ts.service.streams_stopped == 1);
+  CHECK(TestService::BlockingStub(*ch).Echo(EchoRequest(), {.timeout = 10s}).ok());
+}
+
 TEST_CASE("the caller cancels a stream mid-way: the server's writer stops at once",
           "[stream][cancel]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

@@ -191,8 +191,13 @@ class TestServiceImpl final : public TestService::Service {
           probe_ran_after.store(static_cast<int64_t>(stream_messages_sent.load() - base));
         });
       }
+      if (req.writable_first() && !co_await writer.Writable()) {
+        ++streams_stopped;
+        co_return Status(StatusCode::kCancelled, "stream stopped after " + std::to_string(i));
+      }
       reply.set_seq(i);
       if (req.payload_bytes()) *reply.mutable_payload() = Pattern(req.payload_bytes(), i);
+      stream_messages_built.fetch_add(1);
       if (!co_await writer.Write(reply)) {
         ++streams_stopped;
         co_return Status(StatusCode::kCancelled, "stream stopped after " + std::to_string(i));
@@ -265,6 +270,7 @@ class TestServiceImpl final : public TestService::Service {
   // caller cancelled while blocked); messages written in all.
   std::atomic<int> streams_running{0}, streams_stopped{0};
   std::atomic<uint64_t> stream_messages_sent{0};
+  std::atomic<uint64_t> stream_messages_built{0};  // Count: before each Write
   // Count with mode "probe:N": the messages it had written since its Nth when a handler it
   // posted then ran (-1: not yet).
   std::atomic<int64_t> probe_ran_after{-1};
