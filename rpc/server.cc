@@ -1087,29 +1087,25 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   std::unordered_map<uint64_t, CancelHook*> streams_;
 };
 
-// Out of credit: waits for the caller's WINDOW (or its cancel, or the connection's end). Over
-// the connection's budget: for its client to take what is queued.
-static asio::awaitable<void> WaitToWrite(CancelHook& hook) {
-  return asio::async_initiate<decltype(asio::use_awaitable), void()>(
-      [&hook](auto handler) {
-        asio::any_completion_handler<void()>(std::move(handler)).swap(hook.credit_waiter);
-      },
-      asio::use_awaitable);
-}
-
 asio::awaitable<bool> ServerStream::Writable() {
   for (;;) {
     if (Over()) co_return false;
     if (call_.hook().credit > 0 && !call_.sink()->OverBudget()) co_return true;
-    co_await WaitToWrite(call_.hook());
+    // Out of credit: wait for the caller's WINDOW (or its cancel, or the connection's end).
+    // Over the connection's budget: wait for its client to take what is queued.
+    co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
+        [this](auto handler) {
+          asio::any_completion_handler<void()>(std::move(handler)).swap(call_.hook().credit_waiter);
+        },
+        asio::use_awaitable);
   }
 }
 
 asio::awaitable<bool> ServerStream::Write(const google::protobuf::MessageLite& message) {
-  for (;;) {
-    if (Over()) co_return false;
-    if (call_.hook().credit > 0 && !call_.sink()->OverBudget()) break;
-    co_await WaitToWrite(call_.hook());
+  // The usual case, credit and room, tested here without Writable's coroutine frame.
+  if (Over()) co_return false;
+  if (call_.hook().credit <= 0 || call_.sink()->OverBudget()) {
+    if (!co_await Writable()) co_return false;
   }
   size_t cost = 0;
   if (!call_.sink()->SendStreamMessage(call_.call_id(), message, &cost, &error_)) co_return false;

@@ -135,21 +135,15 @@ class RawVerbsPeer {
     Write(0, 0, transport::rdma::kImmCreditBit | (kRing / transport::rdma::kRecordAlignBytes));
   }
 
-  // The immediate data of the next write the server makes to us; throws after `timeout`.
+  // The immediate data of the next write the server makes to us; throws after `timeout`, or if
+  // the connection has failed.
   uint32_t NextImm(std::chrono::milliseconds timeout) {
     const auto until = std::chrono::steady_clock::now() + timeout;
-    ibv_wc wc{};
     for (;;) {
-      int n = ibv_poll_cq(id_->recv_cq, 1, &wc);
-      if (n < 0) Fail("ibv_poll_cq");
-      if (n == 1) break;
+      if (auto imm = PollImm()) return *imm;
+      if (failed_) Fail("receive completion failed");
       if (std::chrono::steady_clock::now() > until) Fail("nothing from the server");
     }
-    ibv_recv_wr wr{}, *bad = nullptr;
-    wr.wr_id = 1;
-    if (ibv_post_recv(id_->qp, &wr, &bad)) Fail("ibv_post_recv");
-    if (wc.status != IBV_WC_SUCCESS) Fail("receive completion failed");
-    return ntohl(wc.imm_data);
   }
 
   // The immediate data of a write the server has made to us, without waiting: nullopt when none
@@ -171,22 +165,22 @@ class RawVerbsPeer {
   }
   bool failed() const { return failed_; }
 
-  // The GOAWAY's reason when `imm` announces a GOAWAY record in our ring, else nullopt.
-  std::optional<std::string> GoAwayAt(uint32_t imm) const {
+  // The frame of the record that `imm` announces in our ring; nullopt when `imm` is a credit
+  // return or a FIN, or the record holds no valid frame. Its payload lies in the ring.
+  std::optional<DecodedFrame> FrameAt(uint32_t imm) const {
     if (imm & (transport::rdma::kImmCreditBit | transport::rdma::kImmFinBit)) return std::nullopt;
     const uint8_t* rec = ring_.get() + uint64_t(imm) * transport::rdma::kRecordAlignBytes;
     uint32_t total;
     std::memcpy(&total, rec, 4);
+    total = le32toh(total);
     DecodedFrame f;
-    if (le32toh(total) > kRing - 8 ||
-        !DecodeFrame(std::span<const std::byte>(reinterpret_cast<const std::byte*>(rec + 8),
-                                                le32toh(total)),
+    if (total > kRing - 8 ||
+        !DecodeFrame(std::span<const std::byte>(reinterpret_cast<const std::byte*>(rec + 8), total),
                      &f)
-             .empty() ||
-        f.header.type != FrameType::kGoAway) {
+             .empty()) {
       return std::nullopt;
     }
-    return std::string(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+    return f;
   }
 
   // The next frame the server writes into our ring (skipping credit returns).
@@ -194,15 +188,9 @@ class RawVerbsPeer {
     for (;;) {
       const uint32_t imm = NextImm(timeout);
       if (imm & transport::rdma::kImmCreditBit) continue;
-      const uint8_t* rec = ring_.get() + uint64_t(imm) * transport::rdma::kRecordAlignBytes;
-      DecodedFrame f;
-      uint32_t total;
-      std::memcpy(&total, rec, 4);
-      std::string err = DecodeFrame(
-          std::span<const std::byte>(reinterpret_cast<const std::byte*>(rec + 8), le32toh(total)),
-          &f);
-      if (!err.empty()) Fail("the server wrote a bad frame");
-      return f.header;
+      auto f = FrameAt(imm);
+      if (!f) Fail("the server wrote a bad frame");
+      return f->header;
     }
   }
 
@@ -460,8 +448,8 @@ class ChunkedSender {
     while (auto imm = peer_.PollImm()) {
       if (*imm & transport::rdma::kImmCreditBit) {
         credit_ += uint64_t(*imm & transport::rdma::kImmMask) * transport::rdma::kRecordAlignBytes;
-      } else if (auto reason = peer_.GoAwayAt(*imm)) {
-        goaway_ = *reason;
+      } else if (auto f = peer_.FrameAt(*imm); f && f->header.type == FrameType::kGoAway) {
+        goaway_.assign(reinterpret_cast<const char*>(f->payload.data()), f->payload.size());
       }
     }
   }
@@ -545,8 +533,6 @@ long StatusKiB(const char* field) {
 
 // This process's memory pinned for RDMA, in KiB.
 long PinnedKiB() { return StatusKiB("VmPin:"); }
-
-double RssMiB() { return std::max(0L, StatusKiB("VmRSS:")) / 1024.0; }
 
 std::string RdmaUri() {
   for (const auto& u : ListenUris()) {
@@ -813,7 +799,7 @@ TEST_CASE(
   // up to its budget, then returns no more credit; one ring later the peer is over its credit.
   int written = 0;
   bool closed = false;
-  const double rss_start = RssMiB();
+  const double rss_start = RssMiB(getpid());
   double rss_peak = rss_start;
   int64_t held_peak = 0;
   // What the budget holds in PONGs (32 bytes each, plus 64 of bookkeeping), then one ring.
@@ -823,7 +809,7 @@ TEST_CASE(
     if (peer.Write(slot * transport::rdma::kRecordAlignBytes, bytes, slot) != IBV_WC_SUCCESS) break;
     closed = ts.server.connections() == 1;
     if (written % 64 == 0) held_peak = std::max(held_peak, ts.server.buffered_bytes());
-    if (written % 256 == 0) rss_peak = std::max(rss_peak, RssMiB());
+    if (written % 256 == 0) rss_peak = std::max(rss_peak, RssMiB(getpid()));
   }
   held_peak = std::max(held_peak, ts.server.buffered_bytes());
   // This process is the server (and the raw peer, whose memory is fixed: its 1 MiB ring).

@@ -36,6 +36,10 @@ CountRequest Count(uint64_t n, uint32_t payload = 0) {
   return r;
 }
 
+// What a stream's window lets a writer of 1 KiB messages have outstanding (256 KiB of ~1.06 KiB
+// frames), and no more.
+constexpr uint64_t kWindowOf1KiBMessages = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
+
 }  // namespace
 
 TEST_CASE("a server stream delivers every message once, in order, then OK", "[stream][core]") {
@@ -182,15 +186,13 @@ TEST_CASE("a reader that stops reading holds back the server: memory stays bound
   REQUIRE(call.Read().has_value());
   std::this_thread::sleep_for(1s);
   const uint64_t sent = ts.service.stream_messages_sent.load();
-  // What the window lets the server have outstanding (256 KiB of ~1.06 KiB frames), and no more.
-  const uint64_t window_msgs = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
   std::printf(
       "stream flow control over %s: a reader that took 1 message held the server at %llu "
       "messages written (%llu KiB), window %llu KiB\n",
       listen.c_str(), static_cast<unsigned long long>(sent),
       static_cast<unsigned long long>(sent * (1024 + kFrameHeaderBytes) / 1024),
       static_cast<unsigned long long>(kStreamWindowBytes / 1024));
-  CHECK(sent <= window_msgs);
+  CHECK(sent <= kWindowOf1KiBMessages);
   CHECK(ts.service.streams_running == 1);
   // Reading again, the reader gets everything, in order.
   uint64_t got = 1;
@@ -220,7 +222,7 @@ TEST_CASE("Writable waits out a full window, so that nothing is built meanwhile;
   // Writable that did not wait would let the handler build the next one and wait in Write.
   const uint64_t sent = ts.service.stream_messages_sent.load();
   const uint64_t built = ts.service.stream_messages_built.load();
-  CHECK(sent <= kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2);
+  CHECK(sent <= kWindowOf1KiBMessages);
   CHECK(built == sent);
   // Reading on, every message comes, in order.
   for (uint64_t i = 1; i < 1000; ++i) {
@@ -646,7 +648,6 @@ TEST_CASE("a server that stops reading holds the client's writer back: memory st
     o.status = (co_await call.Finish()).status();
     co_return o;
   }());
-  const uint64_t window_msgs = kStreamWindowBytes / (1024 + kFrameHeaderBytes) + 2;
   std::printf(
       "client stream flow control over %s: a server that read nothing held the writer at %llu "
       "messages (%llu KiB), window %llu KiB\n",
@@ -654,7 +655,7 @@ TEST_CASE("a server that stops reading holds the client's writer back: memory st
       static_cast<unsigned long long>(out.written * (1024 + kFrameHeaderBytes) / 1024),
       static_cast<unsigned long long>(kStreamWindowBytes / 1024));
   CHECK(out.blocked);
-  CHECK(out.written <= window_msgs);
+  CHECK(out.written <= kWindowOf1KiBMessages);
   CHECK(out.status.code() == StatusCode::kCancelled);  // the cancelled Write ended the call
   CHECK(Eventually([&] { return ts.service.client_streams_running == 0; }, 10000ms));
   CHECK(ts.service.client_streams_cancelled == 1);

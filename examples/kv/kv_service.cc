@@ -169,12 +169,12 @@ boost::asio::awaitable<Status> KvService::MultiGet(ServerContext&, const MultiGe
     if (Status s = FillGet(engine_, key, *result); !s.ok()) co_return s;
     bytes += key.size() + result->value().size();
     if (bytes > kMaxReplyBytes) {
-      const int done = reply.results_size();
-      reply.Clear();
+      // (Not cleared: the error goes without it, and a cleared reply would keep its strings'
+      // memory and look small enough for its job to be pooled with them.)
       co_return Status(StatusCode::kResourceExhausted,
                        "MultiGet reply over " + std::to_string(kMaxReplyBytes) + " bytes after " +
-                           std::to_string(done) + " of " + std::to_string(req.keys_size()) +
-                           " keys: ask for fewer keys at a time");
+                           std::to_string(reply.results_size()) + " of " +
+                           std::to_string(req.keys_size()) + " keys: ask for fewer keys at a time");
     }
   }
   co_return Status();
