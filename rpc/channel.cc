@@ -674,6 +674,16 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
           deadline - (now == Clock::time_point{} ? Clock::now() : now));
       h.timeout_us = std::max<int64_t>(1, left.count());
     }
+    if (!options.metadata.empty()) [[unlikely]] {
+      // Over either limit the server would refuse the call (too many entries) or take the frame
+      // as malformed and close the connection under every other call (too many bytes; a key
+      // over 64 KiB would not even encode): the call fails here, alone.
+      if (std::string why = MetadataOverLimit(options.metadata); !why.empty()) {
+        FreeSlot(index);
+        WakeWaiters();
+        return Status(StatusCode::kResourceExhausted, std::move(why));
+      }
+    }
     internal::FrameWriter writer(h, options.metadata.empty() ? nullptr : &options.metadata,
                                  request);
     // The smaller of our limit and the one the server announced: a request over the server's

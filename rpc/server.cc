@@ -941,12 +941,27 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       }
     }
     Metadata md;
-    if (!f.metadata.empty()) {
-      std::string err = DecodeMetadata(f.metadata, &md);
+    // What the call holds until it ends, counted against the connection's budget: its bytes,
+    // and the strings its metadata was decoded into (64 KiB of empty entries took ten times
+    // their bytes; two clients opening streams with such metadata held 357 MiB of a server
+    // bounded at 2 x 16 MiB).
+    size_t held = bytes;
+    if (!f.metadata.empty()) [[unlikely]] {
+      const size_t entries = CountMetadataEntries(f.metadata);
+      if (entries > kMaxMetadataEntries) {
+        SendError(
+            reply,
+            Status(StatusCode::kResourceExhausted,
+                   "call metadata of more than " + std::to_string(kMaxMetadataEntries) +
+                       " entries exceeds the limit of " + std::to_string(kMaxMetadataEntries)));
+        return;
+      }
+      std::string err = DecodeMetadata(f.metadata, &md, entries);
       if (!err.empty()) {
         SendError(reply, Status(StatusCode::kInvalidArgument, "bad call metadata: " + err));
         return;
       }
+      held += md.capacity() * kMetadataEntryHeldBytes;
     }
     const ServerCore::HostedMethod& hosted = *found;
     const MethodEntry* entry = hosted.entry;
@@ -969,9 +984,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     core_->in_flight.fetch_add(1, std::memory_order_relaxed);
     ++calls_;
     ++started_;
-    held_bytes_ += bytes;
+    held_bytes_ += held;
     // The context is built in the call (moving it in from here cost ~50 instructions per call).
-    ServerCall call(shared_from_this(), f.header.call_id, bytes, peer_, entry->info.full_name,
+    ServerCall call(shared_from_this(), f.header.call_id, held, peer_, entry->info.full_name,
                     deadline, std::move(md));
     ContextAccess::CountReceived(call.context(), f.payload.size());
     if (hosted.observed) [[unlikely]] {

@@ -110,6 +110,41 @@ TEST_CASE("garbled metadata is rejected", "[codec]") {
   CHECK_THAT(DecodeMetadata(overrun, &out), Catch::Contains("past the end"));
 }
 
+TEST_CASE("metadata entries are counted no further than one past the limit", "[codec]") {
+  const auto encode = [](const Metadata& md) {
+    std::vector<std::byte> buf(MetadataEncodedSize(md));
+    EncodeMetadata(md, buf.data());
+    return buf;
+  };
+  CHECK(CountMetadataEntries({}) == 0);
+  CHECK(CountMetadataEntries(encode({{"k", "v"}, {"", ""}})) == 2);
+  CHECK(CountMetadataEntries(encode(Metadata(kMaxMetadataEntries))) == kMaxMetadataEntries);
+  CHECK(CountMetadataEntries(encode(Metadata(10'000))) == kMaxMetadataEntries + 1);
+  // Garbled: counted as far as the entries parse.
+  auto buf = encode({{"k", "v"}, {"k2", "v2"}});
+  buf.pop_back();
+  CHECK(CountMetadataEntries(buf) == 1);
+  // A counted decode holds no more than it needs.
+  Metadata out;
+  const auto many = encode(Metadata(100));
+  REQUIRE(DecodeMetadata(many, &out, CountMetadataEntries(many)).empty());
+  CHECK(out.size() == 100);
+  CHECK(out.capacity() == 100);
+}
+
+TEST_CASE("metadata a caller may send: within 64 KiB encoded and 1,024 entries", "[codec]") {
+  CHECK(MetadataOverLimit({}).empty());
+  CHECK(MetadataOverLimit(Metadata(kMaxMetadataEntries)).empty());
+  CHECK(MetadataOverLimit({{"k", std::string(kMaxMetadataBytes - 7, 'v')}}).empty());
+  CHECK(MetadataOverLimit({{"k", std::string(kMaxMetadataBytes - 6, 'v')}}) ==
+        "call metadata of 65537 bytes encoded exceeds the limit of 65536");
+  // A key the u16 length cannot hold is over the byte limit too, never cut short.
+  CHECK_THAT(MetadataOverLimit({{std::string(70'000, 'k'), ""}}),
+             Catch::Contains("70006 bytes encoded"));
+  CHECK(MetadataOverLimit(Metadata(kMaxMetadataEntries + 1)) ==
+        "call metadata of 1025 entries exceeds the limit of 1024");
+}
+
 TEST_CASE("a WINDOW payload round-trips as a little-endian u64 and must be 8 bytes", "[codec]") {
   std::byte buf[kWindowBytes + 1] = {};
   EncodeWindow(0x0102030405060708ull, buf);

@@ -1143,3 +1143,23 @@ TEST_CASE(
   REQUIRE(ch.ok());
   CHECK(TestService::BlockingStub(*ch).Echo(EchoRequest(), {.timeout = 5s}).ok());
 }
+
+// A call's metadata is decoded into two strings per entry, held while the call runs. Before,
+// only its bytes were counted: two clients opening bidirectional streams, each with 64 KiB of
+// empty entries (10,922, ~700 KiB decoded), held 357 MiB of a server bounded at 2 x 16 MiB. Now
+// a request with more than kMaxMetadataEntries is refused, and the entries of running calls
+// count against the budget (hostile_test checks both directly).
+TEST_CASE("streams opened with many metadata entries cannot grow the server past its budget",
+          "[hostile][tcp][memory]") {
+  const uint32_t chat = MethodId("/demo.Echo/Chat");
+  for (const size_t entries : {kMaxMetadataBytes / 6, kMaxMetadataEntries}) {
+    const Metadata md(entries);
+    const std::string name =
+        "streams opened with " + std::to_string(entries) + " empty metadata entries each";
+    INFO(name);
+    auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+    CHECK(FloodNeverReading(server->pid(), uri, 2, name, [&](uint64_t i) {
+            return OpenStream(i, chat, kRequestFlagClientStream | kRequestFlagServerStream, md);
+          }) < kAllowedMiB);
+  }
+}

@@ -263,6 +263,27 @@ TEST_CASE("a call abandoned at its deadline counts until the server lets go of i
   CHECK(ts.service.max_sleeping.load() == 1);
 }
 
+namespace {
+
+// A 300 ms Sleep on `stub`, started beside what a test does next on the same connection.
+struct SlowCall {
+  Status status;
+  bool done = false;
+};
+asio::awaitable<void> StartSlowCall(TestService::Stub& stub, SlowCall& slow) {
+  asio::co_spawn(
+      co_await asio::this_coro::executor,
+      [&]() -> asio::awaitable<void> {
+        SleepRequest req;
+        req.set_ms(300);
+        slow.status = (co_await stub.Sleep(req, {.timeout = 10s})).status();
+        slow.done = true;
+      },
+      asio::detached);
+}
+
+}  // namespace
+
 TEST_CASE("a request over the server's message limit fails alone; other calls go on",
           "[hostile][limits]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
@@ -272,29 +293,121 @@ TEST_CASE("a request over the server's message limit fails alone; other calls go
   auto results = RunLoop([&]() -> asio::awaitable<std::vector<Status>> {
     auto ch = co_await MustConnect(ts.uri);
     TestService::Stub stub(ch);
-    auto ex = co_await asio::this_coro::executor;
-    Status slow_status;
-    bool slow_done = false;
-    asio::co_spawn(
-        ex,
-        [&]() -> asio::awaitable<void> {
-          SleepRequest req;
-          req.set_ms(300);
-          slow_status = (co_await stub.Sleep(req, {.timeout = 10s})).status();
-          slow_done = true;
-        },
-        asio::detached);
+    SlowCall slow;
+    co_await StartSlowCall(stub, slow);
     EchoRequest big;
     big.set_payload(std::string(2 << 20, 'b'));
     auto r = co_await stub.Echo(big, {.timeout = 10s});
-    co_await WaitUntil([&] { return slow_done; }, 10000ms);
+    co_await WaitUntil([&] { return slow.done; }, 10000ms);
     auto after = co_await stub.Echo(EchoRequest(), {.timeout = 10s});
-    co_return std::vector<Status>{r.status(), slow_status, after.status()};
+    co_return std::vector<Status>{r.status(), slow.status, after.status()};
   }());
   CHECK(results[0].code() == StatusCode::kResourceExhausted);
   CHECK_THAT(results[0].message(), Catch::Contains("set by the server"));
   CHECK(results[1].ok());  // the call in flight on the same connection is unharmed
   CHECK(results[2].ok());
+}
+
+TEST_CASE("call metadata over its limits fails alone; other calls go on", "[hostile][limits]") {
+  // Before, the channel sent any metadata: past 64 KiB the server took the frame as malformed
+  // and closed the connection under every call on it (the caller got UNAVAILABLE, "peer closed
+  // the connection"), and a key over 64 KiB did not even encode.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  Metadata many(kMaxMetadataEntries + 1);  // empty entries, 6 KiB in all
+  Metadata at_limit(kMaxMetadataEntries - 1);
+  at_limit.emplace_back("echo-meta", "at the limit");
+  const std::vector<Metadata> refused = {
+      {{"big", std::string(kMaxMetadataBytes, 'v')}},
+      {{std::string(70000, 'k'), "v"}},
+      many,
+  };
+  auto results = RunLoop([&]() -> asio::awaitable<std::vector<Result<EchoReply>>> {
+    auto ch = co_await MustConnect(ts.uri);
+    TestService::Stub stub(ch);
+    SlowCall slow;
+    co_await StartSlowCall(stub, slow);
+    std::vector<Result<EchoReply>> out;
+    for (const Metadata& md : refused) {
+      const CallOptions options{.timeout = 10s, .metadata = md};
+      auto r = co_await stub.Echo(EchoRequest(), options);
+      out.push_back(std::move(r));
+    }
+    const CallOptions options{.timeout = 10s, .metadata = at_limit};
+    auto last = co_await stub.Echo(EchoRequest(), options);
+    out.push_back(std::move(last));
+    co_await WaitUntil([&] { return slow.done; }, 10000ms);
+    if (!slow.status.ok()) out.push_back(Result<EchoReply>(slow.status));
+    co_return out;
+  }());
+  REQUIRE(results.size() == 4);  // a fifth: the slow call failed
+  for (int i = 0; i < 3; ++i) {
+    INFO("refused metadata " << i);
+    CHECK(results[i].status().code() == StatusCode::kResourceExhausted);
+  }
+  CHECK_THAT(results[0].status().message(),
+             Catch::Equals("call metadata of 65545 bytes encoded exceeds the limit of 65536"));
+  CHECK_THAT(results[1].status().message(), Catch::Contains("exceeds the limit of 65536"));
+  CHECK_THAT(results[2].status().message(),
+             Catch::Equals("call metadata of 1025 entries exceeds the limit of 1024"));
+  REQUIRE(results[3].ok());
+  CHECK(results[3]->meta() == "at the limit");
+}
+
+TEST_CASE(
+    "a server refuses requests with too many metadata entries, and counts what a call's "
+    "metadata holds",
+    "[hostile][limits][memory]") {
+  // Each decoded entry holds two strings: 64 KiB of empty entries (10,922) held ~700 KiB for as
+  // long as the call ran, counted as 64 KiB, so that two connections within a 2 x 16 MiB budget
+  // held 357 MiB (hostile_tcp_test measures that). Now past kMaxMetadataEntries the request is
+  // refused, and what the entries hold counts against the budget while the call runs.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  const auto request = [](uint64_t id, size_t entries) {
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.method_id = MethodId("/rdmarpc.testing.TestService/Sleep");
+    h.call_id = id;
+    const Metadata md(entries);
+    h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
+    std::string bytes(h.metadata_bytes, '\0');
+    EncodeMetadata(md, reinterpret_cast<std::byte*>(bytes.data()));
+    SleepRequest req;
+    req.set_ms(1000);
+    return Frame(h, bytes + req.SerializeAsString());
+  };
+  int64_t held_while_running = 0;
+  bool closed = false;
+  auto peer = RunLoop([&]() -> asio::awaitable<std::shared_ptr<RawPeer>> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    conn->Send(Bytes(request(1, kMaxMetadataEntries)));
+    co_await WaitUntil([&] { return ts.server.in_flight_calls() == 1; }, 10000ms);
+    co_await WaitUntil(
+        [&] { return ts.server.buffered_bytes() >= int64_t{kMaxMetadataEntries * 64}; }, 2000ms);
+    held_while_running = ts.server.buffered_bytes();
+    conn->Send(Bytes(request(2, kMaxMetadataEntries + 1)));
+    conn->Send(Bytes(request(3, kMaxMetadataBytes / 6)));  // 10,922 entries
+    co_await WaitUntil([&] { return peer->Frames(FrameType::kResponse).size() == 3; }, 10000ms);
+    closed = peer->closed;
+    conn->Close();
+    co_return peer;
+  }());
+  // 1,024 entries: 6 KiB on the wire, 1,024 x 96 bytes held besides (to within the 32 KiB grain
+  // in which connections report what they hold).
+  CHECK(held_while_running >= int64_t{kMaxMetadataEntries * kMetadataEntryHeldBytes} - (32 << 10));
+  CHECK_FALSE(closed);
+  const auto responses = FramesWithPayload(*peer, FrameType::kResponse);
+  REQUIRE(responses.size() == 3);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(responses[i].first.call_id == uint64_t(2 + i));
+    CHECK(responses[i].first.status == uint32_t(StatusCode::kResourceExhausted));
+    CHECK(responses[i].second ==
+          "call metadata of more than 1024 entries exceeds the limit of 1024");
+  }
+  CHECK(responses[2].first.call_id == 1);
+  CHECK(responses[2].first.status == 0);
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 5000ms));
 }
 
 TEST_CASE("idle connections are closed; a channel reconnects on its next call", "[hostile][idle]") {

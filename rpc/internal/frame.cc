@@ -79,8 +79,31 @@ void EncodeMetadata(const Metadata& md, std::byte* dst) {
   }
 }
 
-std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out) {
+std::string MetadataOverLimit(const Metadata& md) {
+  if (md.size() > kMaxMetadataEntries) {
+    return "call metadata of " + std::to_string(md.size()) + " entries exceeds the limit of " +
+           std::to_string(kMaxMetadataEntries);
+  }
+  const size_t bytes = MetadataEncodedSize(md);
+  if (bytes <= kMaxMetadataBytes) return "";
+  return "call metadata of " + std::to_string(bytes) + " bytes encoded exceeds the limit of " +
+         std::to_string(kMaxMetadataBytes);
+}
+
+size_t CountMetadataEntries(std::span<const std::byte> raw) {
+  size_t n = 0, at = 0;
+  while (raw.size() - at >= 6 && n <= kMaxMetadataEntries) {
+    const size_t len = size_t{Get<uint16_t>(raw.data() + at)} + Get<uint32_t>(raw.data() + at + 2);
+    if (len > raw.size() - at - 6) break;
+    at += 6 + len;
+    ++n;
+  }
+  return n;
+}
+
+std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out, size_t entries) {
   out->clear();
+  out->reserve(entries);
   size_t at = 0;
   while (at < raw.size()) {
     if (raw.size() - at < 6) return "truncated metadata entry";

@@ -27,6 +27,18 @@ inline constexpr uint8_t kProtocolVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 32;
 // Metadata is small by design (routing keys, trace ids); larger data belongs in the message.
 inline constexpr size_t kMaxMetadataBytes = 64 * 1024;
+// ... and has few entries. Each decoded entry costs two strings (64 bytes) beyond its bytes on
+// the wire (6 + key + value): 64 KiB of empty entries (10,922) took ~700 KiB to hold, for as
+// long as their call ran.
+inline constexpr size_t kMaxMetadataEntries = 1024;
+// What a server counts against its memory budget (ServerOptions::max_buffered_bytes*) for each
+// entry of a running call's metadata, beyond the request's bytes: the pair of strings, and the
+// allocator's overhead of the two that do not fit in place.
+inline constexpr size_t kMetadataEntryHeldBytes = sizeof(Metadata::value_type) + 32;
+
+// Empty if `md` may be sent (within kMaxMetadataBytes encoded and kMaxMetadataEntries), else why
+// not: the RESOURCE_EXHAUSTED a caller gets before anything is sent.
+std::string MetadataOverLimit(const Metadata& md);
 
 // The text of the RESOURCE_EXHAUSTED for a frame over the message limit, both ends alike: `what`
 // ("request", "reply", "stream message") of `frame_bytes` against `limit`.
@@ -173,8 +185,13 @@ std::string DecodeFrame(std::span<const std::byte> message, DecodedFrame* out);
 // Metadata entries: u16 key length, u32 value length, key bytes, value bytes; repeated.
 size_t MetadataEncodedSize(const Metadata& md);
 void EncodeMetadata(const Metadata& md, std::byte* dst);
-// Returns an empty string on success, else what is wrong.
-std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out);
+// The entries of raw metadata, counted no further than kMaxMetadataEntries + 1 (so that a peer's
+// 10,000 cost no more to refuse than 1,025) and only as far as they parse (DecodeMetadata then
+// says what is wrong).
+size_t CountMetadataEntries(std::span<const std::byte> raw);
+// Returns an empty string on success, else what is wrong. `entries`, when known
+// (CountMetadataEntries), sizes `out` at once.
+std::string DecodeMetadata(std::span<const std::byte> raw, Metadata* out, size_t entries = 0);
 
 const char* FrameTypeName(FrameType t);
 

@@ -1,6 +1,7 @@
 // Fuzz target: the RPC frame decoder (rpc/internal/frame.h) on arbitrary bytes, as a server or
 // client sees them from a peer. Beyond "no crash": whatever decodes must encode back to the same
 // bytes.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,7 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (std::memcmp(header, data, kFrameHeaderBytes) != 0) std::abort();
   if (f.metadata.size() + f.payload.size() + kFrameHeaderBytes != size) std::abort();
   Metadata md;
+  const size_t counted = CountMetadataEntries(f.metadata);
+  if (counted > kMaxMetadataEntries + 1) std::abort();
   if (DecodeMetadata(f.metadata, &md).empty()) {
+    // The count a server refuses by agrees with the decode, up to where it stops.
+    if (counted != std::min(md.size(), kMaxMetadataEntries + 1)) std::abort();
     // Decoded metadata re-encodes to the very bytes it came from.
     if (MetadataEncodedSize(md) != f.metadata.size()) std::abort();
     std::vector<std::byte> again(f.metadata.size());
