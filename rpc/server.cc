@@ -941,11 +941,11 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       }
     }
     Metadata md;
-    // What the call holds until it ends, counted against the connection's budget: its bytes,
-    // and the strings its metadata was decoded into (64 KiB of empty entries took ten times
-    // their bytes; two clients opening streams with such metadata held 357 MiB of a server
-    // bounded at 2 x 16 MiB).
-    size_t held = bytes;
+    // What the call holds until it ends, counted against the budgets: its bytes, the runtime's
+    // state for it, and the strings its metadata was decoded into (64 KiB of empty entries
+    // took ten times their bytes; two clients opening streams with such metadata held 357 MiB
+    // of a server bounded at 2 x 16 MiB). See kCallHeldBytes.
+    size_t held = bytes + kCallHeldBytes;
     if (!f.metadata.empty()) [[unlikely]] {
       const size_t entries = CountMetadataEntries(f.metadata);
       if (entries > kMaxMetadataEntries) {
