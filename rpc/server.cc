@@ -494,7 +494,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   }
 
   void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) override {
-    held_bytes_ -= bytes;
+    held_bytes_ -= bytes + kStreamMessageHeldBytes;
     inbox.unreported += bytes;
     if (inbox.unreported >= kStreamWindowBytes / 2 && !inbox.ended && conn_ && !conn_->closed()) {
       SendWindow(*conn_, call_id, inbox.unreported);
@@ -909,7 +909,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     in->messages.Push(f.payload);
     const size_t cost = kFrameHeaderBytes + f.payload.size();
     in->buffered += cost;
-    held_bytes_ += cost;
+    held_bytes_ += cost + kStreamMessageHeldBytes;
     hook->WakeReader();
   }
 

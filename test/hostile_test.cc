@@ -419,6 +419,48 @@ TEST_CASE(
   CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 5000ms));
 }
 
+TEST_CASE("a client stream's unread messages count what they hold, not only their bytes",
+          "[hostile][limits][memory]") {
+  // An empty message is 32 bytes on the wire and in the stream's window, but held about twice
+  // that (its string and padding): two clients filling their streams' windows with them held
+  // 26 MiB each of a server budgeted at 16. Each unread message now counts
+  // kStreamMessageHeldBytes more, until it is read or its call ends.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  constexpr int kMessages = 2000;  // 64,000 bytes of frames: within the 256 KiB window
+  int64_t held = 0;
+  RunLoop([&]() -> asio::awaitable<int> {
+    auto [conn, peer] = co_await RawConnect(ts.uri);
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.flags = kRequestFlagClientStream;
+    h.method_id = MethodId("/rdmarpc.testing.TestService/Upload");
+    h.call_id = 1;
+    const Metadata stall = {{"mode", "stall"}};  // the handler reads nothing
+    h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(stall));
+    std::string md(h.metadata_bytes, '\0');
+    EncodeMetadata(stall, reinterpret_cast<std::byte*>(md.data()));
+    conn->Send(Bytes(Frame(h, md)));
+    FrameHeader m;
+    m.type = FrameType::kStreamMessage;
+    m.call_id = 1;
+    for (int i = 0; i < kMessages; ++i) conn->Send(Bytes(Frame(m, "")));
+    const int64_t expected =
+        int64_t{kCallHeldBytes} + kMessages * int64_t{kFrameHeaderBytes + kStreamMessageHeldBytes};
+    // (Connections report what they hold to within 32 KiB.)
+    co_await WaitUntil([&] { return ts.server.buffered_bytes() >= expected - (32 << 10); },
+                       10000ms);
+    held = ts.server.buffered_bytes();
+    conn->Close();
+    co_return 0;
+  }());
+  CHECK(held >= int64_t{kCallHeldBytes} +
+                    kMessages * int64_t{kFrameHeaderBytes + kStreamMessageHeldBytes} - (32 << 10));
+  // The call ends with its connection: what its messages held is given back.
+  CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 10000ms));
+  CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 10000ms));
+}
+
 TEST_CASE("idle connections are closed; a channel reconnects on its next call", "[hostile][idle]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   ServerOptions so{.io_threads = 1};

@@ -155,9 +155,9 @@ class CallSink {
   // untouched) or the message is over the limit (`error` says so).
   virtual bool SendStreamMessage(uint64_t call_id, const google::protobuf::MessageLite& message,
                                  size_t* cost, Status* error) = 0;
-  // Client streams: the handler took `bytes` (frame bytes) out of `inbox`: they no longer count
-  // against the connection's memory budget, and the caller is sent WINDOW when half a window
-  // has been read.
+  // Client streams: the handler took a message of `bytes` (frame bytes) out of `inbox`: it no
+  // longer counts against the connection's memory budget (with kStreamMessageHeldBytes), and
+  // the caller is sent WINDOW when half a window has been read.
   virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) = 0;
   // Server streams: the connection holds more than its memory budget (replies its client has
   // not taken): a writer waits, whatever stream credit it has, until the connection wakes it
@@ -254,7 +254,7 @@ class ServerCall {
     // Messages the handler left unread stop counting against the connection with the call.
     size_t held = request_bytes_;
     if (hook_.inbox) {
-      held += hook_.inbox->buffered;
+      held += hook_.inbox->buffered + hook_.inbox->messages.size() * kStreamMessageHeldBytes;
       hook_.inbox->buffered = 0;
       hook_.inbox->messages.Clear();
     }

@@ -41,6 +41,12 @@ inline constexpr size_t kMaxMetadataEntries = 1024;
 // each connection, and the server-wide bound saw 48 bytes.
 inline constexpr size_t kCallHeldBytes = 3 << 10;
 inline constexpr size_t kMetadataEntryHeldBytes = sizeof(Metadata::value_type) + 32;
+// ... and for each client stream message waiting to be read, beside its frame's bytes (what the
+// flow-control window counts): its string, the 16 bytes of padding it is kept with and the
+// allocator's overhead. Empty messages, 32 bytes on the wire, held about twice that: two
+// clients filling their streams' windows with them took a server to 26 MiB each against a
+// budget of 16.
+inline constexpr size_t kStreamMessageHeldBytes = 64;
 
 // Empty if `md` may be sent (within kMaxMetadataBytes encoded and kMaxMetadataEntries), else why
 // not: the RESOURCE_EXHAUSTED a caller gets before anything is sent.
