@@ -48,8 +48,9 @@ struct ServerOptions {
   std::chrono::milliseconds keepalive_interval{0};
   std::chrono::milliseconds keepalive_timeout{5000};
   // Memory one client can make the server hold: the requests of its running calls (each
-  // counted with 3 KiB for what the runtime holds for it, and 96 bytes per metadata entry) plus
-  // the replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
+  // counted with 3 KiB for what the runtime holds for it, 96 bytes per metadata entry, and its
+  // client-stream messages not read yet with 64 bytes each beside their frames) plus the
+  // replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
   // the server stops reading from that client (TCP: its socket; RDMA: no ring credit goes back)
   // until the figure falls to half: backpressure, not unbounded memory, and never a lost call.
   // Calls already running still finish, so the worst case is this plus the replies of at most
