@@ -365,18 +365,9 @@ TEST_CASE(
   // runtime's state for it (kCallHeldBytes; before, only the request's bytes counted).
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen, ServerOptions{.io_threads = 1});
+  // A 1 s Sleep with `entries` empty metadata entries.
   const auto request = [](uint64_t id, size_t entries) {
-    FrameHeader h;
-    h.type = FrameType::kRequest;
-    h.method_id = MethodId("/rdmarpc.testing.TestService/Sleep");
-    h.call_id = id;
-    const Metadata md(entries);
-    h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
-    std::string bytes(h.metadata_bytes, '\0');
-    EncodeMetadata(md, reinterpret_cast<std::byte*>(bytes.data()));
-    SleepRequest req;
-    req.set_ms(1000);
-    return Frame(h, bytes + req.SerializeAsString());
+    return SleepRequestFrame(id, 1000, Metadata(entries));
   };
   constexpr int kBare = 100;  // calls without metadata beside the one with 1,024 entries
   // 1,024 entries: 6 KiB on the wire, 1,024 x 96 bytes held besides; 3 KiB for each call.
@@ -437,10 +428,7 @@ TEST_CASE("a client stream's unread messages count what they hold, not only thei
     h.method_id = MethodId("/rdmarpc.testing.TestService/Upload");
     h.call_id = 1;
     const Metadata stall = {{"mode", "stall"}};  // the handler reads nothing
-    h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(stall));
-    std::string md(h.metadata_bytes, '\0');
-    EncodeMetadata(stall, reinterpret_cast<std::byte*>(md.data()));
-    conn->Send(Bytes(Frame(h, md)));
+    conn->Send(Bytes(Frame(h, stall, "")));
     FrameHeader m;
     m.type = FrameType::kStreamMessage;
     m.call_id = 1;
@@ -688,13 +676,10 @@ void OpenGreedyStream(transport::Connection& conn, uint64_t count, uint32_t payl
   h.flags = kRequestFlagServerStream;
   h.method_id = MethodId("/rdmarpc.testing.TestService/Count");
   h.call_id = 1;
-  h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
-  std::string bytes(h.metadata_bytes, '\0');
-  EncodeMetadata(md, reinterpret_cast<std::byte*>(bytes.data()));
   CountRequest req;
   req.set_count(count);
   req.set_payload_bytes(payload);
-  conn.Send(Bytes(Frame(h, bytes + req.SerializeAsString())));
+  conn.Send(Bytes(Frame(h, md, req.SerializeAsString())));
   GrantUnboundedCredit(conn, 1);
 }
 

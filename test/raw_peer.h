@@ -61,6 +61,14 @@ inline std::string Frame(const FrameHeader& h, const std::string& payload) {
   return out + payload;
 }
 
+// The same with metadata `md` before the payload (its length set in the header).
+inline std::string Frame(FrameHeader h, const Metadata& md, const std::string& payload) {
+  h.metadata_bytes = static_cast<uint32_t>(MetadataEncodedSize(md));
+  std::string encoded(h.metadata_bytes, '\0');
+  EncodeMetadata(md, reinterpret_cast<std::byte*>(encoded.data()));
+  return Frame(h, encoded + payload);
+}
+
 // Grants stream `call_id` 2^42 bytes of credit on `conn` (four WINDOW frames of 2^40, the most
 // one frame counts for): more than any peer could ever write, from one that means to read none
 // of it, or all of it as fast as it comes.
@@ -73,14 +81,14 @@ inline void GrantUnboundedCredit(transport::Connection& conn, uint64_t call_id) 
   for (int i = 0; i < 4; ++i) conn.Send(Bytes(Frame(w, credit)));
 }
 
-inline std::string SleepRequestFrame(uint64_t call_id, uint32_t ms) {
+inline std::string SleepRequestFrame(uint64_t call_id, uint32_t ms, const Metadata& md = {}) {
   FrameHeader h;
   h.type = FrameType::kRequest;
   h.method_id = MethodId("/rdmarpc.testing.TestService/Sleep");
   h.call_id = call_id;
   SleepRequest req;
   req.set_ms(ms);
-  return Frame(h, req.SerializeAsString());
+  return Frame(h, md, req.SerializeAsString());
 }
 
 inline boost::asio::awaitable<
