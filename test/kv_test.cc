@@ -86,14 +86,9 @@ std::pair<std::unique_ptr<Child>, std::string> StartKvServer(std::vector<std::st
   return StartServer(args);
 }
 
-// What a server's resident memory may grow by in the memory-bound cases below: under the
-// sanitizers freed memory is held in quarantine and shadow memory adds to it, so there the
-// figures are only printed.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double kSanitizerSlackMiB = 1e9;
-#else
-constexpr double kSanitizerSlackMiB = 0;
-#endif
+// Added to what a server's resident memory may grow by in the memory-bound cases below: under
+// a sanitizer (see kRssMeaningful) the figures are only printed.
+constexpr double kSanitizerSlackMiB = kRssMeaningful ? 0 : 1e9;
 
 std::string Key(int i) {
   char buf[32];
