@@ -14,14 +14,17 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <span>
+#include <sstream>
 #include <thread>
 
 #include "test/random_util.h"
 #include "test/raw_peer.h"
 #include "test/test_util.h"
+#include "transport/stats.h"
 
 namespace asio = boost::asio;
 using namespace rdmarpc;
@@ -683,6 +686,27 @@ void OpenGreedyStream(transport::Connection& conn, uint64_t count, uint32_t payl
   GrantUnboundedCredit(conn, 1);
 }
 
+// What the transports did since `before`, `started` ago, for a test whose traffic stopped:
+// whether writes went out and credit came back, and how the RDMA threads waited.
+std::string TransportProgress(const transport::StatValues& before,
+                              std::chrono::steady_clock::time_point started) {
+  using transport::Stat;
+  const transport::StatValues now = transport::Snapshot();
+  const auto since = [&](Stat s) { return Get(now, s) - Get(before, s); };
+  std::ostringstream out;
+  out << "; stopped after "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               started)
+             .count()
+      << " ms. Since the client read again: RDMA ring bytes written "
+      << since(Stat::kRdmaRingBytesWritten) << ", credited " << since(Stat::kRdmaRingBytesCredited)
+      << "; credit stalls " << since(Stat::kRdmaCreditStalls) << "; completions "
+      << since(Stat::kRdmaCompletions) << " in " << since(Stat::kRdmaCqPolls) << " polls; wake-ups "
+      << since(Stat::kRdmaWakeups) << "; ms spinning " << since(Stat::kRdmaSpinNanos) / 1000000
+      << ", sleeping " << since(Stat::kRdmaSleepNanos) / 1000000;
+  return out.str();
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -705,6 +729,7 @@ TEST_CASE(
   constexpr uint64_t kMessages = 200'000;
   constexpr uint32_t kPayload = 10'000;
   uint64_t sent_while_paused = 0, sent_later = 0;
+  std::string stopped;  // where the transports stood if the stream stopped
   RunLoop([&]() -> asio::awaitable<int> {
     auto [conn, peer] = co_await RawConnect(ts.uri);
     conn->PauseReceiving();
@@ -724,11 +749,15 @@ TEST_CASE(
       // The server closes the connection after its grace period; the writer ends with it.
       co_await WaitUntil([&] { return peer->closed; }, 20000ms);
     } else {
-      // Reading again, the stream goes on: the writer was waiting, not stuck.
-      co_await WaitUntil(
-          [&] { return ts.service.stream_messages_sent.load() > sent_while_paused + 2000; },
-          20000ms);
+      // Reading again, the stream goes on: the writer was waiting, not stuck. (Through many
+      // pauses at the budget; slowly, in a starved VM: it fails only if the stream stops.)
+      const auto before = transport::Snapshot();
+      const auto started = std::chrono::steady_clock::now();
+      const bool went_on =
+          co_await WaitForProgress([&] { return ts.service.stream_messages_sent.load(); },
+                                   sent_while_paused + 2001, 10000ms, 120000ms);
       sent_later = ts.service.stream_messages_sent.load();
+      if (!went_on) stopped = TransportProgress(before, started);
     }
     conn->Close();
     co_return 0;
@@ -736,6 +765,7 @@ TEST_CASE(
   INFO(sent_while_paused << " messages of " << kPayload << " bytes written while not read");
   CHECK(sent_while_paused < 5'000);  // 50 MB; a 1 MiB budget and the transport's buffers
   if (!breaks) {
+    INFO(sent_later - sent_while_paused << " written after the client read again" << stopped);
     CHECK(sent_later > sent_while_paused + 2000);
     CHECK(ts.server.throttle_events() > 0);
   }

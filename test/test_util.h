@@ -321,6 +321,31 @@ boost::asio::awaitable<bool> WaitUntil(F done, std::chrono::milliseconds limit) 
   co_return true;
 }
 
+// Waits until `count()` reaches `target` (true) for as long as it keeps going up: false once it
+// has stood still for `stall`, or after `limit` in all. For checks that something goes on, not
+// how fast: the RDMA suites run in an emulated guest that the host's own tests starve, where a
+// stream can run ten times slower than usual with nothing wrong, while a lost wake-up stops it.
+template <class F>
+boost::asio::awaitable<bool> WaitForProgress(F count, uint64_t target,
+                                             std::chrono::milliseconds stall,
+                                             std::chrono::milliseconds limit) {
+  boost::asio::steady_timer t(co_await boost::asio::this_coro::executor);
+  const auto start = std::chrono::steady_clock::now();
+  auto moved_at = start;
+  uint64_t last = count();
+  while (last < target) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - moved_at > stall || now - start > limit) co_return false;
+    t.expires_after(std::chrono::milliseconds(5));
+    co_await t.async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
+    if (const uint64_t c = count(); c != last) {
+      last = c;
+      moved_at = std::chrono::steady_clock::now();
+    }
+  }
+  co_return true;
+}
+
 // From plain (non-coroutine) test code: polls until `done()` holds (true) or `limit` passes
 // (false). `done()` is called once per poll and never again after it held, so it may act (a
 // connect attempt): calling it once more to report the result once failed a test whose second
