@@ -1,6 +1,8 @@
 // The key-value sample (examples/kv): every method on both engines through the RPC layer,
 // durability across restarts of the real kv_server binary, sharding over three servers, and
 // compare-and-set under concurrent writers.
+#include <rocksdb/db.h>
+
 #include <atomic>
 #include <boost/asio/detached.hpp>
 #include <catch2/catch.hpp>
@@ -89,6 +91,15 @@ std::pair<std::unique_ptr<Child>, std::string> StartKvServer(std::vector<std::st
 // Added to what a server's resident memory may grow by in the memory-bound cases below: under
 // a sanitizer (see kRssMeaningful) the figures are only printed.
 constexpr double kSanitizerSlackMiB = kRssMeaningful ? 0 : 1e9;
+
+// The bytes of the regular files under `path`.
+uintmax_t FolderBytes(const std::string& path) {
+  uintmax_t total = 0;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(path)) {
+    if (f.is_regular_file()) total += f.file_size();
+  }
+  return total;
+}
 
 std::string Key(int i) {
   char buf[32];
@@ -228,17 +239,23 @@ TEST_CASE("KV: Get, Put, Delete, MultiGet and Scan behave as documented", "[kv]"
   });
 }
 
-// The memory engine is held to --max-store-bytes (1 GiB by default): a put that would grow the
-// store past it fails with RESOURCE_EXHAUSTED and changes nothing, and the server serves on.
-// Without a bound any client could fill the server's memory: these 2,000 puts of 64 KiB (125 MiB)
-// all went in, and the server's resident memory went from 18.8 to 208.5 MiB.
+// Each engine is held to --max-store-bytes (1 GiB by default): a put that would grow the store
+// past it fails with RESOURCE_EXHAUSTED and changes nothing, and the server serves on. Without a
+// bound any client could fill the server's memory or disk: these 2,000 puts of 64 KiB (125 MiB)
+// all went in, and the memory server's resident memory went from 18.8 to 208.5 MiB; on RocksDB
+// its folder grew by 125 MiB (write-ahead log).
 TEST_CASE(
-    "KV memory store: puts past --max-store-bytes fail with RESOURCE_EXHAUSTED; reads, deletes "
-    "and smaller puts go on",
+    "KV store: puts past --max-store-bytes fail with RESOURCE_EXHAUSTED; reads, deletes and "
+    "smaller puts go on",
     "[kv]") {
+  const std::string engine = GENERATE(as<std::string>{}, "memory", "rocksdb");
+  INFO("engine: " << engine);
   constexpr size_t kValue = 64 << 10;
   constexpr long kBound = 8 << 20;
-  auto [server, uri] = StartKvServer({"--max-store-bytes", std::to_string(kBound)});
+  TempDir dir;
+  std::vector<std::string> args = {"--max-store-bytes", std::to_string(kBound)};
+  if (engine == "rocksdb") args.insert(args.end(), {"--data-dir", dir.path});
+  auto [server, uri] = StartKvServer(args);
   const double rss_start = RssMiB(server->pid());
   WithClient({uri}, [&](kv::ShardedClient& c) -> asio::awaitable<void> {
     const std::string value(kValue, 'v');
@@ -253,16 +270,18 @@ TEST_CASE(
       }
     }
     const double rss = RssMiB(server->pid());
+    const double disk = double(FolderBytes(dir.path)) / (1 << 20);
     std::printf(
-        "2,000 puts of 64 KiB against --max-store-bytes %ld: %d accepted; the server's resident "
-        "memory %.1f -> %.1f MiB; refused with: %s\n",
-        kBound, accepted, rss_start, rss, refusal.c_str());
+        "%s: 2,000 puts of 64 KiB against --max-store-bytes %ld: %d accepted; the server's "
+        "resident memory %.1f -> %.1f MiB, its folder %.1f MiB; refused with: %s\n",
+        engine.c_str(), kBound, accepted, rss_start, rss, disk, refusal.c_str());
     // As many as fit, each entry counted as its key and value and 128 bytes of bookkeeping.
-    const long entry = long(kValue + Key(0).size() + kv::kMemoryEntryOverheadBytes);
+    const long entry = long(kValue + Key(0).size() + kv::kEntryOverheadBytes);
     CHECK(accepted == kBound / entry);
     CHECK(refusal.rfind("RESOURCE_EXHAUSTED", 0) == 0);
-    CHECK(refusal.find("store full") != std::string::npos);
+    CHECK(refusal.find("store full: the " + engine + " engine") != std::string::npos);
     CHECK(rss - rss_start < 64 + kSanitizerSlackMiB);
+    CHECK(disk < 3.0 * kBound / (1 << 20));  // RocksDB's log and files: about the bound
     // What is stored is still there; a key made smaller makes room for one more value, a delete
     // for another.
     auto got = co_await c.Get(Key(0));
@@ -279,6 +298,55 @@ TEST_CASE(
     auto after2 = co_await c.Put("after/2", value);
     CHECK(after2.ok());
   });
+}
+
+// RocksDB keeps what its entries count for in the database, written with each change: the bound
+// holds across restarts, and a database from before the count was kept is counted when opened.
+TEST_CASE("KV on RocksDB: the store's bound holds across restarts and for an older database",
+          "[kv]") {
+  TempDir dir;
+  const std::string value(1000, 'v');
+  const uint64_t bound = 10 * kv::EntryBytes(Key(0), value);  // room for 10 entries
+  auto open = [&] {
+    auto e = kv::OpenRocksDbEngine(dir.path, false, bound);
+    if (!e.ok()) throw std::runtime_error(e.status().ToString());
+    return std::move(*e);
+  };
+  auto full = [&](kv::Engine& e, const std::string& key) {
+    auto r = e.Put(key, value, std::nullopt);
+    return !r.ok() && r.status().code() == StatusCode::kResourceExhausted;
+  };
+  {
+    auto e = open();
+    for (int i = 0; i < 10; ++i) REQUIRE(e->Put(Key(i), value, std::nullopt).ok());
+    CHECK(full(*e, Key(10)));
+  }
+  {
+    auto e = open();  // the count came back with the data
+    CHECK(full(*e, Key(10)));
+    REQUIRE(e->Delete(Key(0), std::nullopt).ok());
+    CHECK(e->Put(Key(10), value, std::nullopt).ok());
+    CHECK(full(*e, Key(11)));
+  }
+  {
+    // As a database written before the count was kept: the same entries, no count.
+    rocksdb::DB* db = nullptr;
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    const std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+        {"meta", rocksdb::ColumnFamilyOptions()}};
+    REQUIRE(rocksdb::DB::Open(rocksdb::Options(), dir.path, cfs, &handles, &db).ok());
+    std::string count;
+    CHECK(db->Get(rocksdb::ReadOptions(), handles[1], "bytes", &count).ok());
+    CHECK(db->Delete(rocksdb::WriteOptions(), handles[1], "bytes").ok());
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    delete db;
+  }
+  auto e = open();  // counted by a scan
+  CHECK(full(*e, Key(11)));
+  REQUIRE(e->Delete(Key(1), std::nullopt).ok());
+  CHECK(e->Put(Key(11), value, std::nullopt).ok());
+  CHECK(full(*e, Key(12)));
 }
 
 // MultiGet and Scan copy values into one reply, so a small request could make the server build

@@ -54,8 +54,6 @@ check "kv --targets '' is refused" 2 "names no server" "$kv" --targets '' get x
 check "kv --targets , is refused" 2 "names no server" "$kv" --targets , get x
 check "kv_server --sync without rocksdb is refused" 2 "--sync is for --engine rocksdb" \
   "$kv_server" --sync --listen tcp://127.0.0.1:0
-check "kv_server --max-store-bytes with rocksdb is refused" 2 "--max-store-bytes is for --engine memory" \
-  "$kv_server" --engine rocksdb --data-dir "${TEST_TMPDIR:-/tmp}/kv-max-store" --max-store-bytes 1024 --listen tcp://127.0.0.1:0
 check "kv_server --max-store-bytes that is not a number is refused" 2 "--max-store-bytes must be a number" \
   "$kv_server" --max-store-bytes lots --listen tcp://127.0.0.1:0
 check "kv honours RDMARPC_LOG_LEVEL" 2 "unknown log level" \

@@ -61,18 +61,33 @@ class Engine {
   virtual rdmarpc::Status Flush() = 0;
 };
 
-// The in-memory engine holds at most `max_bytes` of keys and values (each entry counted as its
-// key and value plus kMemoryEntryOverheadBytes of bookkeeping; 0 = no bound): a Put that would
-// take it past that fails with RESOURCE_EXHAUSTED and changes nothing, so that clients cannot
-// fill the server's memory. Deletes, and Puts that make an entry smaller, always go through.
-inline constexpr uint64_t kMemoryEntryOverheadBytes = 128;
+// A store's bound (kv_server --max-store-bytes; 0 = no bound): each entry counts as its key and
+// value plus kEntryOverheadBytes of bookkeeping. A Put that would take the store past the bound
+// fails with RESOURCE_EXHAUSTED ("store full", StoreFull) and changes nothing, so that clients
+// cannot fill the server's memory or disk. Deletes, and Puts that make an entry smaller, always go
+// through.
+inline constexpr uint64_t kEntryOverheadBytes = 128;
+inline uint64_t EntryBytes(std::string_view key, std::string_view value) {
+  return key.size() + value.size() + kEntryOverheadBytes;
+}
+
+// The in-memory engine, held to `max_bytes` as above.
 std::unique_ptr<Engine> NewMemoryEngine(uint64_t max_bytes = 0);
 
-// Opens (creating if needed) a RocksDB database in `dir`. With `sync`, every write is fsynced
-// before it is acknowledged (survives power loss); without, writes go to RocksDB's write-ahead
-// log in the OS page cache before they are acknowledged (survive the process being killed,
-// SIGKILL included, but not a machine crash).
-rdmarpc::Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync);
+// Opens (creating if needed) a RocksDB database in `dir`, held to `max_bytes` as above. With
+// `sync`, every write is fsynced before it is acknowledged (survives power loss); without, writes
+// go to RocksDB's write-ahead log in the OS page cache before they are acknowledged (survive the
+// process being killed, SIGKILL included, but not a machine crash). What the entries count for is
+// kept in the database, written with each change; a database from before it is counted once, by
+// a scan, when opened. On disk a store takes about that count plus what RocksDB keeps besides
+// (its write-ahead log, old versions until compaction), not the count times anything large.
+rdmarpc::Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync,
+                                                           uint64_t max_bytes = 0);
+
+// The RESOURCE_EXHAUSTED status of a Put refused by the bound: the engine holds `held` of
+// `max_bytes` and the put needs `more`.
+rdmarpc::Status StoreFull(std::string_view engine, uint64_t held, uint64_t max_bytes,
+                          uint64_t more);
 
 // The ABORTED status of a failed compare-and-set.
 rdmarpc::Status VersionMismatch(std::optional<uint64_t> expected, uint64_t current);

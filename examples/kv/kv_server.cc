@@ -32,8 +32,8 @@ constexpr char kUsage[] =
     "  --sync             rocksdb: fsync every write before acknowledging it (survives power\n"
     "                     loss). Without it, acknowledged writes survive the process being\n"
     "                     killed (SIGKILL included) but not a machine crash.\n"
-    "  --max-store-bytes N  memory: keys and values held at most (each entry counted with\n"
-    "                     128 bytes of bookkeeping); a put past it fails with\n"
+    "  --max-store-bytes N  keys and values held at most, either engine (each entry counted\n"
+    "                     with 128 bytes of bookkeeping); a put past it fails with\n"
     "                     RESOURCE_EXHAUSTED (1073741824; 0 = no bound)\n"
     "%COMMON%"
     "\n"
@@ -74,9 +74,6 @@ int main(int argc, char** argv) {
     if (engine_name == "memory" && flags.has("sync")) {
       return "--sync is for --engine rocksdb (the memory engine keeps nothing on disk)";
     }
-    if (engine_name == "rocksdb" && flags.has("max-store-bytes")) {
-      return "--max-store-bytes is for --engine memory (rocksdb is bounded by its disk)";
-    }
     return "";
   };
   cmdline::ServerSetup setup;
@@ -87,7 +84,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<kv::Engine> engine;
   if (engine_name == "rocksdb") {
-    auto e = kv::OpenRocksDbEngine(data_dir, flags.has("sync"));
+    auto e = kv::OpenRocksDbEngine(data_dir, flags.has("sync"), max_store_bytes);
     if (!e.ok()) {
       std::cerr << "kv_server: cannot open " << data_dir << ": " << e.status().message() << "\n";
       return 1;

@@ -34,10 +34,7 @@ class MemoryEngine final : public Engine {
     const uint64_t before = it == map_.end() ? 0 : EntryBytes(key, it->second.value);
     const uint64_t after = EntryBytes(key, value);
     if (max_bytes_ != 0 && after > before && bytes_ - before + after > max_bytes_) {
-      return Status(rdmarpc::StatusCode::kResourceExhausted,
-                    "store full: the memory engine holds " + std::to_string(bytes_) + " of its " +
-                        std::to_string(max_bytes_) + " bytes (kv_server --max-store-bytes), and " +
-                        "this put needs " + std::to_string(after - before) + " more");
+      return StoreFull("memory", bytes_, max_bytes_, after - before);
     }
     bytes_ = bytes_ - before + after;
     const uint64_t v = ++version_;
@@ -92,10 +89,6 @@ class MemoryEngine final : public Engine {
   Status Flush() override { return Status(); }
 
  private:
-  static uint64_t EntryBytes(std::string_view key, std::string_view value) {
-    return key.size() + value.size() + kMemoryEntryOverheadBytes;
-  }
-
   const uint64_t max_bytes_;
   std::shared_mutex mu_;
   std::map<std::string, Record, std::less<>> map_;
@@ -107,12 +100,6 @@ class MemoryEngine final : public Engine {
 
 std::unique_ptr<Engine> NewMemoryEngine(uint64_t max_bytes) {
   return std::make_unique<MemoryEngine>(max_bytes);
-}
-
-Status VersionMismatch(std::optional<uint64_t> expected, uint64_t current) {
-  return Status(rdmarpc::StatusCode::kAborted,
-                "version mismatch: expected " + std::to_string(expected.value_or(0)) +
-                    ", current " + std::to_string(current) + (current == 0 ? " (absent)" : ""));
 }
 
 }  // namespace kv

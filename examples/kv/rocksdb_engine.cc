@@ -1,6 +1,7 @@
 // The RocksDB engine. Each value is stored as an 8-byte little-endian version followed by the
-// value's bytes; the version counter lives in a second column family ("meta") and is written in
-// the same WriteBatch as the data, so after any crash the two agree.
+// value's bytes; the version counter and what the entries count for against the store's bound
+// (EntryBytes) live in a second column family ("meta") and are written in the same WriteBatch as
+// the data, so after any crash the three agree.
 //
 // Writes are serialised by one mutex: compare-and-set must read and write atomically, and the
 // counter must grow in write order. Reads take no lock.
@@ -22,6 +23,7 @@ using rdmarpc::Status;
 using rdmarpc::StatusCode;
 
 constexpr char kVersionKey[] = "version";
+constexpr char kBytesKey[] = "bytes";
 
 Status FromRocks(const rocksdb::Status& s, const char* what) {
   return Status(StatusCode::kInternal, std::string("rocksdb ") + what + ": " + s.ToString());
@@ -46,7 +48,7 @@ bool Decode(std::string_view stored, Record* r) {
 
 class RocksDbEngine final : public Engine {
  public:
-  RocksDbEngine(bool sync) { write_.sync = sync; }
+  RocksDbEngine(bool sync, uint64_t max_bytes) : max_bytes_(max_bytes) { write_.sync = sync; }
 
   ~RocksDbEngine() override {
     for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h);
@@ -73,6 +75,26 @@ class RocksDbEngine final : public Engine {
     } else if (!s.IsNotFound()) {
       return FromRocks(s, "read the version counter");
     }
+    s = db_->Get(rocksdb::ReadOptions(), meta(), kBytesKey, &v);
+    if (s.ok() && v.size() == 8) {
+      uint64_t x;
+      std::memcpy(&x, v.data(), 8);
+      bytes_ = le64toh(x);
+    } else if (s.IsNotFound()) {
+      // A database from before the count was kept: counted once, and the count kept from now on.
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), data()));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        if (it->value().size() < 8)
+          return Status(StatusCode::kDataLoss, "stored record is corrupt");
+        bytes_ += it->key().size() + (it->value().size() - 8) + kEntryOverheadBytes;
+      }
+      if (!it->status().ok()) return FromRocks(it->status(), "count the stored entries");
+      rocksdb::WriteBatch batch;
+      PutCounter(batch, kBytesKey, bytes_);
+      if (s = db_->Write(write_, &batch); !s.ok()) return FromRocks(s, "write the byte count");
+    } else {
+      return FromRocks(s, "read the byte count");
+    }
     return Status();
   }
 
@@ -92,36 +114,45 @@ class RocksDbEngine final : public Engine {
   Result<uint64_t> Put(std::string_view key, std::string_view value,
                        std::optional<uint64_t> expected) override {
     std::lock_guard lock(write_mu_);
-    if (expected) {
-      auto cur = Get(key);
-      if (!cur.ok()) return cur.status();
-      const uint64_t current = cur->has_value() ? (*cur)->version : 0;
-      if (*expected != current) return VersionMismatch(expected, current);
+    auto cur = Lookup(key);
+    if (!cur.ok()) return cur.status();
+    const uint64_t current = cur->has_value() ? (*cur)->version : 0;
+    if (expected && *expected != current) return VersionMismatch(expected, current);
+    const uint64_t before = cur->has_value() ? (*cur)->bytes : 0;
+    const uint64_t after = EntryBytes(key, value);
+    if (max_bytes_ != 0 && after > before && bytes_ - before + after > max_bytes_) {
+      return StoreFull("rocksdb", bytes_, max_bytes_, after - before);
     }
     const uint64_t v = version_ + 1;
+    const uint64_t bytes = bytes_ - before + after;
     rocksdb::WriteBatch batch;
     batch.Put(data(), rocksdb::Slice(key.data(), key.size()), Encode(v, value));
-    PutVersion(batch, v);
+    PutCounter(batch, kVersionKey, v);
+    PutCounter(batch, kBytesKey, bytes);
     auto s = db_->Write(write_, &batch);
     if (!s.ok()) return FromRocks(s, "write");
     version_ = v;
+    bytes_ = bytes;
     return v;
   }
 
   Result<uint64_t> Delete(std::string_view key, std::optional<uint64_t> expected) override {
     std::lock_guard lock(write_mu_);
-    auto cur = Get(key);
+    auto cur = Lookup(key);
     if (!cur.ok()) return cur.status();
     const uint64_t current = cur->has_value() ? (*cur)->version : 0;
     if (expected && *expected != current) return VersionMismatch(expected, current);
     if (!cur->has_value()) return uint64_t{0};
     const uint64_t v = version_ + 1;
+    const uint64_t bytes = bytes_ - (*cur)->bytes;
     rocksdb::WriteBatch batch;
     batch.Delete(data(), rocksdb::Slice(key.data(), key.size()));
-    PutVersion(batch, v);
+    PutCounter(batch, kVersionKey, v);
+    PutCounter(batch, kBytesKey, bytes);
     auto s = db_->Write(write_, &batch);
     if (!s.ok()) return FromRocks(s, "delete");
     version_ = v;
+    bytes_ = bytes;
     return v;
   }
 
@@ -174,22 +205,44 @@ class RocksDbEngine final : public Engine {
   rocksdb::ColumnFamilyHandle* data() const { return handles_[0]; }
   rocksdb::ColumnFamilyHandle* meta() const { return handles_[1]; }
 
-  void PutVersion(rocksdb::WriteBatch& batch, uint64_t v) {
+  void PutCounter(rocksdb::WriteBatch& batch, const char* name, uint64_t v) {
     uint64_t le = htole64(v);
-    batch.Put(meta(), kVersionKey, rocksdb::Slice(reinterpret_cast<const char*>(&le), 8));
+    batch.Put(meta(), name, rocksdb::Slice(reinterpret_cast<const char*>(&le), 8));
+  }
+
+  // The version of the entry under `key` and what it counts for (EntryBytes), read without
+  // copying its value; nullopt when there is none.
+  struct Stored {
+    uint64_t version = 0;
+    uint64_t bytes = 0;
+  };
+  Result<std::optional<Stored>> Lookup(std::string_view key) {
+    rocksdb::PinnableSlice stored;
+    auto s =
+        db_->Get(rocksdb::ReadOptions(), data(), rocksdb::Slice(key.data(), key.size()), &stored);
+    if (s.IsNotFound()) return std::optional<Stored>();
+    if (!s.ok()) return FromRocks(s, "get");
+    if (stored.size() < 8) return Status(StatusCode::kDataLoss, "stored record is corrupt");
+    uint64_t le;
+    std::memcpy(&le, stored.data(), 8);
+    return std::optional<Stored>(
+        Stored{le64toh(le), key.size() + (stored.size() - 8) + kEntryOverheadBytes});
   }
 
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::WriteOptions write_;
   std::mutex write_mu_;
+  const uint64_t max_bytes_;
   uint64_t version_ = 0;
+  uint64_t bytes_ = 0;  // what the entries count for against max_bytes_ (kBytesKey)
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync) {
-  auto e = std::make_unique<RocksDbEngine>(sync);
+Result<std::unique_ptr<Engine>> OpenRocksDbEngine(const std::string& dir, bool sync,
+                                                  uint64_t max_bytes) {
+  auto e = std::make_unique<RocksDbEngine>(sync, max_bytes);
   if (Status s = e->Open(dir); !s.ok()) return s;
   return std::unique_ptr<Engine>(std::move(e));
 }
