@@ -33,6 +33,7 @@
 #include "rpc/internal/keepalive.h"
 #include "rpc/internal/parked.h"
 #include "transport/factory.h"
+#include "transport/log_limit.h"
 #include "transport/stats.h"
 #include "transport/uri.h"
 
@@ -315,7 +316,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     const int64_t open = core_->connections.fetch_add(1) + 1;  // this one included
     if (max > 0 && open > max) {
       core_->connections.fetch_sub(1);
-      spdlog::warn("server: turning {} away: at the limit of {} connections", *peer_, max);
+      static transport::LogLimit limit;
+      transport::WarnLimited(limit, "server: turning {} away: at the limit of {} connections",
+                             *peer_, max);
       return TurnAway(Status(StatusCode::kResourceExhausted,
                              "server is at its limit of " + std::to_string(max) + " connections"));
     }
@@ -323,8 +326,10 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       peer_host_ = ServerCore::PeerHost(*peer_);
       if (!core_->AdmitPeer(peer_host_)) {
         core_->connections.fetch_sub(1);
-        spdlog::warn("server: turning {} away: at the limit of {} connections from {}", *peer_,
-                     per_peer, peer_host_);
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit,
+                               "server: turning {} away: at the limit of {} connections from {}",
+                               *peer_, per_peer, peer_host_);
         return TurnAway(Status(StatusCode::kResourceExhausted,
                                "server is at its limit of " + std::to_string(per_peer) +
                                    " connections from one client address (" + peer_host_ + ")"));
@@ -345,8 +350,10 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
         FrameWriter(h, std::string_view(reinterpret_cast<const char*>(payload), sizeof payload)));
     WatchPeer(weak_from_this(), core_->options.keepalive_interval, core_->options.keepalive_timeout,
               [](ServerConnection& self, std::string why) {
-                spdlog::warn("server: client {} is silent ({}); closing its connection",
-                             *self.peer_, why);
+                static transport::LogLimit limit;
+                transport::WarnLimited(limit,
+                                       "server: client {} is silent ({}); closing its connection",
+                                       *self.peer_, why);
                 self.Close();
               });
     if (core_->options.idle_timeout.count() > 0) WatchIdle();
@@ -393,7 +400,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // calls that arrived before the bad frame finish and deliver their replies, then close.
   // Everyone else is served as before.
   void OnMalformedFrame(const std::string& err) {
-    spdlog::warn("server: malformed frame from {}: {}; closing that connection", *peer_, err);
+    static transport::LogLimit limit;
+    transport::WarnLimited(limit, "server: malformed frame from {}: {}; closing that connection",
+                           *peer_, err);
     Break(Status(StatusCode::kInvalidArgument, "malformed frame: " + err));
   }
 
@@ -721,7 +730,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (now - advanced_at_ >= timeout && core_->room_waiters.load() > 0) {
       ++core_->stalled;
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - advanced_at_);
-      spdlog::warn(
+      static transport::LogLimit limit;
+      transport::WarnLimited(
+          limit,
           "server: {}'s message ({} bytes held for it) has not advanced for {} ms while others "
           "wait for room; closing its connection",
           *peer_, receiving_, ms.count());
@@ -857,8 +868,10 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   // outnumber its REQUESTs by more than kCancelSlack is in breach of protocol.
   void OnCancel(uint64_t call_id) {
     if (++cancels_ > requests_ + kCancelSlack) [[unlikely]] {
-      spdlog::warn("server: {} sent {} CANCELs for {} requests; closing its connection", *peer_,
-                   cancels_, requests_);
+      static transport::LogLimit limit;
+      transport::WarnLimited(limit,
+                             "server: {} sent {} CANCELs for {} requests; closing its connection",
+                             *peer_, cancels_, requests_);
       Break(Status(StatusCode::kInvalidArgument,
                    "more CANCEL frames (" + std::to_string(cancels_) + ") than requests (" +
                        std::to_string(requests_) + ") on this connection"));

@@ -30,6 +30,7 @@
 #include "test/raw_tcp.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
+#include "transport/log_limit.h"
 #include "transport/stats.h"
 
 using namespace rdmarpc;
@@ -793,6 +794,51 @@ TEST_CASE("handshakes given up for newer ones are counted for monitoring", "[hos
 // Over max_connections a client used to be set up in full, told GOAWAY and held up to a second:
 // a flood of connects kept as many connections (descriptors; over RDMA, pinned rings) as it
 // made in a second. Now the handshake refuses it as busy before anything is set up.
+TEST_CASE("a client that makes the server warn on every connection cannot flood its log",
+          "[hostile][tcp][log]") {
+  // A connection that sends garbage instead of a handshake is refused with a warning. One client
+  // making 2,000 such connections made the server write 2,000 lines in 0.09 s: hours of that fill
+  // a disk, and a slow log sink blocks the I/O thread writing each. Each warning a peer can cause
+  // is now logged at most kLogBurst times per kLogInterval (transport/log_limit.h).
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2000; ++i) {
+    const int fd = RawConnect(PortOf(uri));
+    SendAll(fd, std::string(64, '\x42'));
+    close(fd);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int refused = 0, other = 0;
+  std::string last;
+  for (std::string line; !(line = server->ReadLine(1500ms)).empty();) {
+    (line.find("refusing connection") != std::string::npos ? refused : other)++;
+    last = line;
+  }
+  std::printf(
+      "2,000 garbage connections in %.2f s: %d lines logged for them, %d others; last: %s\n",
+      seconds, refused, other, last.c_str());
+  const int windows = 1 + int(seconds / std::chrono::seconds(transport::kLogInterval).count());
+  CHECK(refused >= 1);
+  CHECK(refused <= int(transport::kLogBurst) * windows);
+  CHECK(other == 0);
+  // A line after some were left out says how many.
+  std::this_thread::sleep_for(transport::kLogInterval);
+  const int fd = RawConnect(PortOf(uri));
+  SendAll(fd, std::string(64, '\x42'));
+  close(fd);
+  const std::string line = server->ReadLine(5000ms);
+  INFO(line);
+  CHECK(line.find("refusing connection") != std::string::npos);
+  CHECK(line.find("more like this not logged") != std::string::npos);
+  // The server serves on.
+  auto ch = Channel::ConnectBlocking(uri);
+  REQUIRE(ch.ok());
+  demo::SayRequest req;
+  req.set_message("still served");
+  CHECK(demo::Echo::BlockingStub(*ch).Say(req, {.timeout = 5s}).ok());
+}
+
 TEST_CASE("clients over max_connections are refused in the handshake and hold nothing",
           "[hostile][tcp][limits]") {
   if (const char* ub = std::getenv("UBSAN_OPTIONS"); ub && *ub) {

@@ -1,15 +1,15 @@
 // What both engines share: the statuses of a failed compare-and-set and of a full store.
-#include <string>
-
 #include "examples/kv/engine.h"
+
+#include <string>
 
 namespace kv {
 
 rdmarpc::Status VersionMismatch(std::optional<uint64_t> expected, uint64_t current) {
-  return rdmarpc::Status(rdmarpc::StatusCode::kAborted,
-                         "version mismatch: expected " + std::to_string(expected.value_or(0)) +
-                             ", current " + std::to_string(current) +
-                             (current == 0 ? " (absent)" : ""));
+  return rdmarpc::Status(rdmarpc::StatusCode::kAborted, "version mismatch: expected " +
+                                                            std::to_string(expected.value_or(0)) +
+                                                            ", current " + std::to_string(current) +
+                                                            (current == 0 ? " (absent)" : ""));
 }
 
 rdmarpc::Status StoreFull(std::string_view engine, uint64_t held, uint64_t max_bytes,

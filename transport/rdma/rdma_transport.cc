@@ -34,6 +34,7 @@
 
 #include "transport/acceptor.h"
 #include "transport/handshake.h"
+#include "transport/log_limit.h"
 #include "transport/rdma/connection.h"
 #include "transport/rdma/tunables.h"
 #include "transport/rdma/verbs.h"
@@ -134,7 +135,8 @@ class RdmaListener final : public Listener {
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (answer.code != Refusal::kNone) {
         if (answer.code != Refusal::kChallenge && !why.empty()) {
-          spdlog::warn("rdma: refusing connection from {}: {}", peer, why);
+          static transport::LogLimit limit;
+          transport::WarnLimited(limit, "rdma: refusing connection from {}: {}", peer, why);
         }
         RejectWith(child, answer);
         rdma_destroy_id(child);
@@ -152,7 +154,9 @@ class RdmaListener final : public Listener {
       EventChannel ch(rdma_create_event_channel());
       if (!ch || rdma_migrate_id(child, ch.get())) {
         const int err_no = errno;
-        spdlog::warn("rdma: cannot take connection from {}: {}", peer, std::strerror(err_no));
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "rdma: cannot take connection from {}: {}", peer,
+                               std::strerror(err_no));
         // Out of descriptors is the usual cause: the client hears RESOURCE_EXHAUSTED.
         const bool busy = err_no == EMFILE || err_no == ENFILE || err_no == ENOMEM;
         if (busy) Count(Stat::kRefusedDescriptors);
@@ -180,7 +184,9 @@ class RdmaListener final : public Listener {
       Expected<void> set_up = conn->Adopt(std::move(id), std::move(ch));
       if (set_up.ok()) set_up = conn->Setup();
       if (!set_up.ok()) {
-        spdlog::warn("rdma: set-up for {} failed: {}", peer, set_up.error().message);
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "rdma: set-up for {} failed: {}", peer,
+                               set_up.error().message);
         RejectWith(raw, Refusal::kServerError);
         co_return;
       }
@@ -195,7 +201,9 @@ class RdmaListener final : public Listener {
       EncodeAnswer(answer, data + kHelloBytes);
       rdma_conn_param p = ConnParam(data, sizeof data, conn->rd_atom());
       if (rdma_accept(conn->id(), &p)) {
-        spdlog::warn("rdma: accept from {} failed: {}", peer, std::strerror(errno));
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "rdma: accept from {} failed: {}", peer,
+                               std::strerror(errno));
         co_return;
       }
       CmEvent ev;
@@ -211,15 +219,17 @@ class RdmaListener final : public Listener {
           spdlog::debug("rdma: connection from {} not established: given up for a newer one", peer);
           co_return;
         }
-        spdlog::warn("rdma: connection from {} not established: {}", peer,
-                     ev ? rdma_event_str(ev->event) : "timed out");
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "rdma: connection from {} not established: {}", peer,
+                               ev ? rdma_event_str(ev->event) : "timed out");
         co_return;
       }
       ev.reset();
       if (self->closed) co_return;
       conn->WatchEvents();
       if (auto opened = conn->Open(); !opened.ok()) {
-        spdlog::warn("rdma: connection from {}: {}", peer, opened.error().message);
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "rdma: connection from {}: {}", peer, opened.error().message);
       }
       self->Deliver(conn);
     }

@@ -35,6 +35,7 @@
 #include "transport/acceptor.h"
 #include "transport/handler_slot.h"
 #include "transport/handshake.h"
+#include "transport/log_limit.h"
 #include "transport/poller.h"
 #include "transport/stats.h"
 #include "transport/tcp/reassembler.h"
@@ -735,8 +736,10 @@ class TcpConnection final : public Connection,
       const auto r = reader_.Next(&message, &too_large);
       if (r == StreamReassembler::Result::kNeedMore) return true;
       if (r == StreamReassembler::Result::kTooLarge) {
-        spdlog::warn("tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_,
-                     too_large, options_.max_message_bytes);
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit,
+                               "tcp {}: message of {} bytes exceeds the limit of {}; closing",
+                               peer_, too_large, options_.max_message_bytes);
         CloseWith("peer sent a message of " + std::to_string(too_large) +
                   " bytes, over the limit of " + std::to_string(options_.max_message_bytes));
         return false;
@@ -985,7 +988,8 @@ class TcpListener final : public Listener {
         co_return;
       }
       if (rec) {
-        spdlog::warn("tcp: no handshake from {}: {}", peer, rec.message());
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "tcp: no handshake from {}: {}", peer, rec.message());
         co_return;
       }
       const Expected<Hello> hello = DecodeHello(buf, n);
@@ -994,7 +998,8 @@ class TcpListener final : public Listener {
       if (answer.code == Refusal::kNone) {
         answer.proof = s->auth().ProveServer(hello.value(), Hello{});
       } else if (answer.code != Refusal::kChallenge && !why.empty()) {
-        spdlog::warn("tcp: refusing connection from {}: {}", peer, why);
+        static transport::LogLimit limit;
+        transport::WarnLimited(limit, "tcp: refusing connection from {}: {}", peer, why);
       }
       uint8_t out[kAnswerBytes];
       EncodeAnswer(answer, out);
