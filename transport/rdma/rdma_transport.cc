@@ -135,8 +135,8 @@ class RdmaListener final : public Listener {
       rdma_ack_cm_event(e);  // the private data is not read after this
       if (answer.code != Refusal::kNone) {
         if (answer.code != Refusal::kChallenge && !why.empty()) {
-          static transport::LogLimit limit;
-          transport::WarnLimited(limit, "rdma: refusing connection from {}: {}", peer, why);
+          static LogLimit limit;
+          WarnLimited(limit, "rdma: refusing connection from {}: {}", peer, why);
         }
         RejectWith(child, answer);
         rdma_destroy_id(child);
@@ -154,9 +154,8 @@ class RdmaListener final : public Listener {
       EventChannel ch(rdma_create_event_channel());
       if (!ch || rdma_migrate_id(child, ch.get())) {
         const int err_no = errno;
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "rdma: cannot take connection from {}: {}", peer,
-                               std::strerror(err_no));
+        static LogLimit limit;
+        WarnLimited(limit, "rdma: cannot take connection from {}: {}", peer, std::strerror(err_no));
         // Out of descriptors is the usual cause: the client hears RESOURCE_EXHAUSTED.
         const bool busy = err_no == EMFILE || err_no == ENFILE || err_no == ENOMEM;
         if (busy) Count(Stat::kRefusedDescriptors);
@@ -184,9 +183,8 @@ class RdmaListener final : public Listener {
       Expected<void> set_up = conn->Adopt(std::move(id), std::move(ch));
       if (set_up.ok()) set_up = conn->Setup();
       if (!set_up.ok()) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "rdma: set-up for {} failed: {}", peer,
-                               set_up.error().message);
+        static LogLimit limit;
+        WarnLimited(limit, "rdma: set-up for {} failed: {}", peer, set_up.error().message);
         RejectWith(raw, Refusal::kServerError);
         co_return;
       }
@@ -201,9 +199,8 @@ class RdmaListener final : public Listener {
       EncodeAnswer(answer, data + kHelloBytes);
       rdma_conn_param p = ConnParam(data, sizeof data, conn->rd_atom());
       if (rdma_accept(conn->id(), &p)) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "rdma: accept from {} failed: {}", peer,
-                               std::strerror(errno));
+        static LogLimit limit;
+        WarnLimited(limit, "rdma: accept from {} failed: {}", peer, std::strerror(errno));
         co_return;
       }
       CmEvent ev;
@@ -219,17 +216,17 @@ class RdmaListener final : public Listener {
           spdlog::debug("rdma: connection from {} not established: given up for a newer one", peer);
           co_return;
         }
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "rdma: connection from {} not established: {}", peer,
-                               ev ? rdma_event_str(ev->event) : "timed out");
+        static LogLimit limit;
+        WarnLimited(limit, "rdma: connection from {} not established: {}", peer,
+                    ev ? rdma_event_str(ev->event) : "timed out");
         co_return;
       }
       ev.reset();
       if (self->closed) co_return;
       conn->WatchEvents();
       if (auto opened = conn->Open(); !opened.ok()) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "rdma: connection from {}: {}", peer, opened.error().message);
+        static LogLimit limit;
+        WarnLimited(limit, "rdma: connection from {}: {}", peer, opened.error().message);
       }
       self->Deliver(conn);
     }

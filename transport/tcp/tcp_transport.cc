@@ -736,10 +736,9 @@ class TcpConnection final : public Connection,
       const auto r = reader_.Next(&message, &too_large);
       if (r == StreamReassembler::Result::kNeedMore) return true;
       if (r == StreamReassembler::Result::kTooLarge) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit,
-                               "tcp {}: message of {} bytes exceeds the limit of {}; closing",
-                               peer_, too_large, options_.max_message_bytes);
+        static LogLimit limit;
+        WarnLimited(limit, "tcp {}: message of {} bytes exceeds the limit of {}; closing", peer_,
+                    too_large, options_.max_message_bytes);
         CloseWith("peer sent a message of " + std::to_string(too_large) +
                   " bytes, over the limit of " + std::to_string(options_.max_message_bytes));
         return false;
@@ -874,7 +873,8 @@ class TcpListener final : public Listener {
             return;
           }
         }
-        spdlog::warn("tcp accept failed: {}", ec.message());
+        static LogLimit limit;  // (a peer's reset before the accept is one such error)
+        WarnLimited(limit, "tcp accept failed: {}", ec.message());
         // Back off briefly on errors such as EMFILE rather than spinning.
         auto timer = std::make_shared<asio::steady_timer>(s->acceptor.get_executor(),
                                                           std::chrono::milliseconds(50));
@@ -972,7 +972,8 @@ class TcpListener final : public Listener {
     boost::system::error_code ec;
     tcp::socket sock = accepted.Take(co_await asio::this_coro::executor, ec);
     if (ec) {
-      spdlog::warn("tcp: cannot take an accepted connection: {}", ec.message());
+      static LogLimit limit;
+      WarnLimited(limit, "tcp: cannot take an accepted connection: {}", ec.message());
       co_return;
     }
     const auto until = std::chrono::steady_clock::now() +
@@ -988,8 +989,8 @@ class TcpListener final : public Listener {
         co_return;
       }
       if (rec) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "tcp: no handshake from {}: {}", peer, rec.message());
+        static LogLimit limit;
+        WarnLimited(limit, "tcp: no handshake from {}: {}", peer, rec.message());
         co_return;
       }
       const Expected<Hello> hello = DecodeHello(buf, n);
@@ -998,8 +999,8 @@ class TcpListener final : public Listener {
       if (answer.code == Refusal::kNone) {
         answer.proof = s->auth().ProveServer(hello.value(), Hello{});
       } else if (answer.code != Refusal::kChallenge && !why.empty()) {
-        static transport::LogLimit limit;
-        transport::WarnLimited(limit, "tcp: refusing connection from {}: {}", peer, why);
+        static LogLimit limit;
+        WarnLimited(limit, "tcp: refusing connection from {}: {}", peer, why);
       }
       uint8_t out[kAnswerBytes];
       EncodeAnswer(answer, out);
