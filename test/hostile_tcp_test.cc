@@ -821,7 +821,8 @@ TEST_CASE("a client that makes the server warn on every connection cannot flood 
   const int windows = 1 + int(seconds / std::chrono::seconds(transport::kLogInterval).count());
   CHECK(refused >= 1);
   CHECK(refused <= int(transport::kLogBurst) * windows);
-  CHECK(other == 0);
+  // (Other warnings the flood might cause, an accept error say, are limited as well.)
+  CHECK(other <= 2 * int(transport::kLogBurst) * windows);
   // A line after some were left out says how many.
   std::this_thread::sleep_for(transport::kLogInterval);
   const int fd = RawConnect(PortOf(uri));
