@@ -3,14 +3,17 @@
 // (EntryBytes) live in a second column family ("meta") and are written in the same WriteBatch as
 // the data, so after any crash the three agree.
 //
-// Writes are serialised by one mutex: compare-and-set must read and write atomically, and the
-// counter must grow in write order. Reads take no lock.
+// Writes of one key are serialised by its stripe's mutex (compare-and-set and the count must read
+// and write atomically), and all writes by one more, held for the write itself (the counter must
+// grow in write order). Reads take no lock.
 #include <endian.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <array>
 #include <cstring>
+#include <functional>
 #include <mutex>
 
 #include "examples/kv/engine.h"
@@ -113,13 +116,14 @@ class RocksDbEngine final : public Engine {
 
   Result<uint64_t> Put(std::string_view key, std::string_view value,
                        std::optional<uint64_t> expected) override {
-    std::lock_guard lock(write_mu_);
+    std::lock_guard key_lock(StripeOf(key));
     auto cur = Lookup(key);
     if (!cur.ok()) return cur.status();
     const uint64_t current = cur->has_value() ? (*cur)->version : 0;
     if (expected && *expected != current) return VersionMismatch(expected, current);
     const uint64_t before = cur->has_value() ? (*cur)->bytes : 0;
     const uint64_t after = EntryBytes(key, value);
+    std::lock_guard lock(write_mu_);
     if (max_bytes_ != 0 && after > before && bytes_ - before + after > max_bytes_) {
       return StoreFull("rocksdb", bytes_, max_bytes_, after - before);
     }
@@ -137,12 +141,13 @@ class RocksDbEngine final : public Engine {
   }
 
   Result<uint64_t> Delete(std::string_view key, std::optional<uint64_t> expected) override {
-    std::lock_guard lock(write_mu_);
+    std::lock_guard key_lock(StripeOf(key));
     auto cur = Lookup(key);
     if (!cur.ok()) return cur.status();
     const uint64_t current = cur->has_value() ? (*cur)->version : 0;
     if (expected && *expected != current) return VersionMismatch(expected, current);
     if (!cur->has_value()) return uint64_t{0};
+    std::lock_guard lock(write_mu_);
     const uint64_t v = version_ + 1;
     const uint64_t bytes = bytes_ - (*cur)->bytes;
     rocksdb::WriteBatch batch;
@@ -232,6 +237,17 @@ class RocksDbEngine final : public Engine {
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::WriteOptions write_;
+  // A writer takes its key's stripe, reads the entry it replaces (for the count, and for
+  // compare-and-set), then takes write_mu_ for the version, the count and the write itself: the
+  // entry cannot change in between, and with more I/O threads than cores to spare the reads for
+  // different keys do not queue behind one write lock. (On this 2-core machine the read is what
+  // costs: `kv bench --count 20000 --concurrency 32`, 3 interleaved rounds, put 75-117 k/s before
+  // the count, 56-73 k/s with the read under write_mu_ or under a stripe alike.)
+  static constexpr size_t kStripes = 64;
+  std::mutex& StripeOf(std::string_view key) {
+    return stripes_[std::hash<std::string_view>{}(key) % kStripes];
+  }
+  std::array<std::mutex, kStripes> stripes_;
   std::mutex write_mu_;
   const uint64_t max_bytes_;
   uint64_t version_ = 0;
