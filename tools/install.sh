@@ -47,7 +47,7 @@ trap 'rm -rf "$tmp"' EXIT
   echo "CREATE $tmp/librdmarpc.a"
   for lib in rpc/librpc.a transport/libtransport.a transport/libtcp.a transport/librdma.a \
     transport/libinproc.a transport/libinterface.a transport/libpoller.a \
-    transport/libacceptor.a rpc/libhealth.a \
+    transport/libacceptor.a transport/liblog_limit.a rpc/libhealth.a \
     rpc/libhealth_proto.a \
     rpc/libsecret_file.a rpc/libcall_types.a rpc/internal/libwire.a \
     rpc/internal/libcall_stats.a rpc/libmetrics.a; do
