@@ -26,9 +26,8 @@ case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 cd "$(dirname "$0")/.."
 
 version=0.1.0
-bazel build --config=ci //rpc //rpc:health //rpc:metrics //rpc:secret_file //transport \
-  //tools/codegen:protoc-gen-rdmarpc \
-  //tools/cli:rdmarpc
+runtime="//rpc //rpc:health //rpc:metrics //rpc:secret_file //transport"
+bazel build --config=ci $runtime //tools/codegen:protoc-gen-rdmarpc //tools/cli:rdmarpc
 bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
 
 mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
@@ -40,18 +39,21 @@ done
 for h in rpc/health.pb.h rpc/health.rdmarpc.pb.h; do  # generated: the health service's messages
   install -D -m 644 "$bin/$h" "$prefix/include/rdmarpc/$h"
 done
-# One archive for both layers (the rpc layer needs the transport layer).
+# One archive for both layers (the rpc layer needs the transport layer): every library of theirs
+# that the runtime's targets link, asked of Bazel, so that a library added later is not left out
+# (one was, once: the fresh clone's CMake build failed to link). Header-only libraries have no
+# archive.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+libs=$(bazel query --noshow_progress \
+  "kind('cc_library rule', deps(set($runtime)) intersect set(//rpc/... //transport/...))")
 {
   echo "CREATE $tmp/librdmarpc.a"
-  for lib in rpc/librpc.a transport/libtransport.a transport/libtcp.a transport/librdma.a \
-    transport/libinproc.a transport/libinterface.a transport/libpoller.a \
-    transport/libacceptor.a transport/liblog_limit.a rpc/libhealth.a \
-    rpc/libhealth_proto.a \
-    rpc/libsecret_file.a rpc/libcall_types.a rpc/internal/libwire.a \
-    rpc/internal/libcall_stats.a rpc/libmetrics.a; do
-    echo "ADDLIB $bin/$lib"
+  for label in $libs; do
+    pkg=${label#//}
+    pkg=${pkg%%:*}
+    archive="$bin/$pkg/lib${label##*:}.a"
+    if [ -f "$archive" ]; then echo "ADDLIB $archive"; fi
   done
   echo "SAVE"
   echo "END"
