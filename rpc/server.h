@@ -40,7 +40,9 @@ struct ServerOptions {
   // The most connections served at once from one client address (the IP address, whatever the
   // port), so that one client cannot take every connection (or, without max_connections, every
   // descriptor) and keep the others out. Refused and turned away as for max_connections.
-  // 0 = no limit. (Clients behind one NAT or proxy share an address: size it for them.)
+  // 0 = no limit. (Clients behind one NAT or proxy share an address: size it for them.) Over
+  // rdma:// no descriptor limit stands behind these two (an RDMA connection needs no descriptor,
+  // and holds its ring and queue pair, ~360 KiB on Soft-RoCE): set them for untrusted clients.
   uint32_t max_connections_per_peer = 0;
   // Keepalive towards clients (see ChannelOptions::keepalive_interval): a client silent for the
   // interval is pinged, and its connection closed when nothing arrives within the timeout; its
