@@ -42,13 +42,26 @@ std::string Encode(uint64_t version, std::string_view value) {
   return out;
 }
 
+// The 8-byte little-endian number at `p` (a stored version, or a counter of the meta family).
+uint64_t LoadLe64(const char* p) {
+  uint64_t le;
+  std::memcpy(&le, p, 8);
+  return le64toh(le);
+}
+
 bool Decode(std::string_view stored, Record* r) {
   if (stored.size() < 8) return false;
-  uint64_t v;
-  std::memcpy(&v, stored.data(), 8);
-  r->version = le64toh(v);
+  r->version = LoadLe64(stored.data());
   r->value.assign(stored.substr(8));
   return true;
+}
+
+// What the entry stored as `stored` under `key` counts for against the bound (EntryBytes of its
+// key and value); nullopt when it is too short to hold its version (corrupt).
+std::optional<uint64_t> StoredEntryBytes(const rocksdb::Slice& key, const rocksdb::Slice& stored) {
+  if (stored.size() < 8) return std::nullopt;
+  return EntryBytes(std::string_view(key.data(), key.size()),
+                    std::string_view(stored.data() + 8, stored.size() - 8));
 }
 
 // The data's options: bloom filters over whole keys, in the memtable and in each table file, so
@@ -84,27 +97,24 @@ class RocksDbEngine final : public Engine {
     auto s = rocksdb::DB::Open(options, dir, cfs, &handles_, &db);
     if (!s.ok()) return FromRocks(s, "open");
     db_.reset(db);
-    std::string v;
-    s = db_->Get(rocksdb::ReadOptions(), meta(), kVersionKey, &v);
-    if (s.ok() && v.size() == 8) {
-      uint64_t x;
-      std::memcpy(&x, v.data(), 8);
-      version_ = le64toh(x);
+    std::optional<uint64_t> counter;
+    s = GetCounter(kVersionKey, &counter);
+    if (counter) {
+      version_ = *counter;
     } else if (!s.IsNotFound()) {
       return FromRocks(s, "read the version counter");
     }
-    s = db_->Get(rocksdb::ReadOptions(), meta(), kBytesKey, &v);
-    if (s.ok() && v.size() == 8) {
-      uint64_t x;
-      std::memcpy(&x, v.data(), 8);
-      bytes_ = le64toh(x);
+    counter.reset();
+    s = GetCounter(kBytesKey, &counter);
+    if (counter) {
+      bytes_ = *counter;
     } else if (s.IsNotFound()) {
       // A database from before the count was kept: counted once, and the count kept from now on.
       std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), data()));
       for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        if (it->value().size() < 8)
-          return Status(StatusCode::kDataLoss, "stored record is corrupt");
-        bytes_ += it->key().size() + (it->value().size() - 8) + kEntryOverheadBytes;
+        const std::optional<uint64_t> entry = StoredEntryBytes(it->key(), it->value());
+        if (!entry) return Status(StatusCode::kDataLoss, "stored record is corrupt");
+        bytes_ += *entry;
       }
       if (!it->status().ok()) return FromRocks(it->status(), "count the stored entries");
       rocksdb::WriteBatch batch;
@@ -225,6 +235,13 @@ class RocksDbEngine final : public Engine {
   rocksdb::ColumnFamilyHandle* data() const { return handles_[0]; }
   rocksdb::ColumnFamilyHandle* meta() const { return handles_[1]; }
 
+  // Reads the meta family's counter `name`: *v is set when it is there and 8 bytes long.
+  rocksdb::Status GetCounter(const char* name, std::optional<uint64_t>* v) {
+    std::string stored;
+    auto s = db_->Get(rocksdb::ReadOptions(), meta(), name, &stored);
+    if (s.ok() && stored.size() == 8) *v = LoadLe64(stored.data());
+    return s;
+  }
   void PutCounter(rocksdb::WriteBatch& batch, const char* name, uint64_t v) {
     uint64_t le = htole64(v);
     batch.Put(meta(), name, rocksdb::Slice(reinterpret_cast<const char*>(&le), 8));
@@ -242,11 +259,10 @@ class RocksDbEngine final : public Engine {
         db_->Get(rocksdb::ReadOptions(), data(), rocksdb::Slice(key.data(), key.size()), &stored);
     if (s.IsNotFound()) return std::optional<Stored>();
     if (!s.ok()) return FromRocks(s, "get");
-    if (stored.size() < 8) return Status(StatusCode::kDataLoss, "stored record is corrupt");
-    uint64_t le;
-    std::memcpy(&le, stored.data(), 8);
-    return std::optional<Stored>(
-        Stored{le64toh(le), key.size() + (stored.size() - 8) + kEntryOverheadBytes});
+    const std::optional<uint64_t> bytes =
+        StoredEntryBytes(rocksdb::Slice(key.data(), key.size()), stored);
+    if (!bytes) return Status(StatusCode::kDataLoss, "stored record is corrupt");
+    return std::optional<Stored>(Stored{LoadLe64(stored.data()), *bytes});
   }
 
   std::unique_ptr<rocksdb::DB> db_;
