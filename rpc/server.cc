@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "rpc/event_loop.h"
+#include "rpc/internal/decoded_size.h"
 #include "rpc/internal/endpoint.h"
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
@@ -992,6 +993,11 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                                   MethodKindName(called_as)));
       return;
     }
+    // What the request will take once parsed, where that can be far more than its bytes (many
+    // small or unknown fields: rpc/internal/decoded_size.h), is what the call holds.
+    if (f.payload.size() >= kDecodedCheckFromBytes) [[unlikely]] {
+      if (!CountDecoded(*entry, f.payload, reply, held)) return;
+    }
     // One clock read serves the deadline and the interceptors' timing, and none is made for a
     // call with neither.
     ServerContext::Clock::time_point now{};
@@ -1014,6 +1020,35 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
       }
     }
     entry->handler->Start(*hosted.service, std::move(call), f.payload);
+  }
+
+  // Adds to `held` what `payload` will take once parsed beyond its own bytes. A request that
+  // would take more beyond them than the connection may hold in all (its budget, else the
+  // server's) is refused with RESOURCE_EXHAUSTED (false): it could only be held by going past
+  // the bound, and a message of large fields is never refused for this. Out of line: requests
+  // of kDecodedCheckFromBytes and more only.
+  [[gnu::noinline]] bool CountDecoded(const MethodEntry& entry, std::span<const std::byte> payload,
+                                      const FrameHeader& reply, size_t& held) {
+    const google::protobuf::Descriptor* type = entry.handler->request_type();
+    if (type == nullptr) return true;
+    const size_t decoded = DecodedBytes(*type, payload);
+    if (decoded == SIZE_MAX) return true;  // nested past the limit: the parse refuses it
+    const size_t extra = decoded - payload.size();
+    const ServerOptions& o = core_->options;
+    const size_t allowed = o.max_buffered_bytes_per_connection != 0
+                               ? o.max_buffered_bytes_per_connection
+                               : o.max_buffered_bytes;
+    if (allowed != 0 && extra > allowed) {
+      SendError(reply,
+                Status(StatusCode::kResourceExhausted,
+                       "request of " + std::to_string(payload.size()) + " bytes would take about " +
+                           std::to_string(decoded) +
+                           " once parsed (many small or unknown fields), more than the " +
+                           std::to_string(allowed) + " bytes a connection may hold beyond them"));
+      return false;
+    }
+    held += extra;
+    return true;
   }
 
   // The interceptors' OnStart, in order. False when one of them rejected the call (then it has

@@ -51,7 +51,11 @@ struct ServerOptions {
   std::chrono::milliseconds keepalive_timeout{5000};
   // Memory one client can make the server hold: the requests of its running calls (each
   // counted with 3 KiB for what the runtime holds for it, 96 bytes per metadata entry, and its
-  // client-stream messages not read yet with 64 bytes each beside their frames) plus the
+  // client-stream messages not read yet with 64 bytes each beside their frames; a request of
+  // 256 bytes or more at what it will take once parsed where that is more than its bytes, as
+  // with many small or unknown fields, and refused with RESOURCE_EXHAUSTED before it is parsed
+  // when that is more than this beyond its bytes -- or than max_buffered_bytes, when this is
+  // 0) plus the
   // replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
   // the server stops reading from that client (TCP: its socket; RDMA: no ring credit goes back)
   // until the figure falls to half: backpressure, not unbounded memory, and never a lost call.

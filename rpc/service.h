@@ -4,6 +4,7 @@
 // (the call's handle, its job, the connection's side) is internal: rpc/internal/dispatch.h.
 #pragma once
 
+#include <google/protobuf/message.h>
 #include <google/protobuf/message_lite.h>
 
 #include <boost/asio/awaitable.hpp>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "rpc/context.h"
@@ -128,9 +130,22 @@ class MethodHandler {
   // this call.
   virtual void Start(Service& service, internal::ServerCall&& call,
                      std::span<const std::byte> payload) const = 0;
+  // The request's message type, so that the server can tell what a request will take once
+  // parsed before it parses it (rpc/internal/decoded_size.h); null for lite messages, which
+  // have no descriptor.
+  virtual const google::protobuf::Descriptor* request_type() const = 0;
 
  protected:
   ~MethodHandler() = default;
+
+  template <class Req>
+  static const google::protobuf::Descriptor* DescriptorOf() {
+    if constexpr (std::is_base_of_v<google::protobuf::Message, Req>) {
+      return Req::descriptor();
+    } else {
+      return nullptr;
+    }
+  }
 };
 
 struct MethodEntry {
@@ -155,6 +170,7 @@ class UnaryMethodHandler final : public MethodHandler {
  public:
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&, Resp&);
   explicit constexpr UnaryMethodHandler(Invoker invoke) : invoke_(invoke) {}
+  const google::protobuf::Descriptor* request_type() const override { return DescriptorOf<Req>(); }
 
   void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte> payload) const override {
@@ -255,6 +271,7 @@ class ServerStreamingMethodHandler final : public MethodHandler {
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, const Req&,
                                                      ServerWriter<Resp>&);
   explicit constexpr ServerStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+  const google::protobuf::Descriptor* request_type() const override { return DescriptorOf<Req>(); }
 
   void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte> payload) const override {
@@ -291,6 +308,7 @@ class ClientStreamingMethodHandler final : public MethodHandler {
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&, ServerReader<Req>&,
                                                      Resp&);
   explicit constexpr ClientStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+  const google::protobuf::Descriptor* request_type() const override { return DescriptorOf<Req>(); }
 
   void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte>) const override {
@@ -328,6 +346,7 @@ class BidiStreamingMethodHandler final : public MethodHandler {
   using Invoker = boost::asio::awaitable<Status> (*)(Service&, ServerContext&,
                                                      ServerReaderWriter<Req, Resp>&);
   explicit constexpr BidiStreamingMethodHandler(Invoker invoke) : invoke_(invoke) {}
+  const google::protobuf::Descriptor* request_type() const override { return DescriptorOf<Req>(); }
 
   void Start(Service& service, internal::ServerCall&& call,
              std::span<const std::byte>) const override {

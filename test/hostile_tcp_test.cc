@@ -1306,3 +1306,60 @@ TEST_CASE("stream ids chosen to collide cost the server no more per frame than o
   for (Arm& a : arms) close(a.fd);
   CHECK(Eventually([&] { return ts.server.in_flight_calls() == 0; }, 20000ms));
 }
+
+// A message's wire size is not what it takes once parsed: protobuf keeps every field it does not
+// know (so that a message can be passed on whole), each an entry of its own, a length-delimited
+// one with a string of its own besides, for the two bytes it took on the wire; a repeated string
+// or message field likewise. Before, two requests of 16 MiB of empty unknown fields (echo's
+// Say) took the server from 11.9 to 556 MiB: it counted 16 MiB each. Now a request is counted
+// at what it will take parsed (rpc/internal/decoded_size.h), and one that would hold more beyond
+// its bytes than a connection may hold is refused before it is parsed.
+TEST_CASE("requests made of many small fields are counted and bounded as what they take parsed",
+          "[hostile][tcp][memory]") {
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  RssWatch rss(server->pid());
+  const uint32_t say = MethodId("/demo.Echo/Say");
+  // Empty unknown length-delimited fields (number 15: tag 0x7a, length 0), two bytes each.
+  auto request = [&](uint64_t id, size_t bytes) {
+    std::string fields;
+    fields.reserve(bytes);
+    while (fields.size() < bytes) fields += std::string_view("\x7a\x00", 2);
+    FrameHeader h;
+    h.type = FrameType::kRequest;
+    h.method_id = say;
+    h.call_id = id;
+    return FrameBytes(h, fields);
+  };
+  // What the server answers call `id` on `fd`: its status code and error text. One reader per
+  // connection: the first bytes it reads are the handshake's.
+  std::vector<int> fds;
+  std::vector<FrameReader> readers(2);
+  auto answer = [&](size_t c, uint64_t id) {
+    std::pair<int, std::string> got{-1, ""};
+    DecodedFrame f;
+    while (readers[c].Next(fds[c], 60000ms, &f) == FrameReader::Got::kFrame) {
+      if (f.header.type != FrameType::kResponse || f.header.call_id != id) continue;
+      got = {int(f.header.status), f.header.status == 0 ? "" : PayloadOf(f)};
+      break;
+    }
+    return got;
+  };
+  for (int c = 0; c < 2; ++c) {
+    fds.push_back(RawClient(PortOf(uri)));
+    REQUIRE(SendAll(fds.back(), request(1, 16u << 20), 60000ms));
+  }
+  for (size_t c = 0; c < 2; ++c) {
+    const auto [code, text] = answer(c, 1);
+    CHECK(code == int(StatusCode::kResourceExhausted));
+    CHECK_THAT(text, Catch::Contains("request of 16777216 bytes would take about") &&
+                         Catch::Contains("once parsed"));
+  }
+  // One of 64 KiB (~2.6 MiB parsed, within the 16 MiB a connection may hold) is served, on the
+  // same connection.
+  REQUIRE(SendAll(fds[0], request(2, 64u << 10), 60000ms));
+  CHECK(answer(0, 2).first == 0);
+  CHECK(Served(uri));
+  rss.Report("2 requests of 16 MiB of empty unknown fields");
+  CHECK(rss.peak() < kAllowedMiB);
+  for (int fd : fds) close(fd);
+}

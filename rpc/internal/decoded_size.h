@@ -1,0 +1,36 @@
+// Internal: how much memory a message will take once parsed, read from its wire bytes before it
+// is parsed.
+//
+// Why: protobuf's in-memory form can be many times its wire size. Every field the receiver does
+// not know is kept as an entry of its own (and a length-delimited one as a heap string besides),
+// and each element of a repeated string or message field is an object of its own: an empty
+// unknown field takes two bytes on the wire and ~80 in memory, so a 16 MiB request of them
+// parsed into ~600 MiB. The server's memory budgets count what a call holds; counting only wire
+// bytes let one request hold forty times its bound. This walks the wire format with the
+// message's descriptor (no allocation, no copy) and adds up what the parser will allocate.
+//
+// The figure is an estimate from above, per occurrence (64-bit libstdc++ and protobuf 3.21's
+// layouts, rounded up, vectors counted at twice their elements for growth); it is meant to bound
+// amplification, not to account byte by byte.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace google::protobuf {
+class Descriptor;
+}
+
+namespace rdmarpc::internal {
+
+// What `payload`, parsed as a message of `type`, will take in memory, in bytes, at least its wire
+// size. For a payload that does not parse the figure covers what was walked before the error
+// (the parser stops there too). Deeper nesting than protobuf's recursion limit (100) counts as
+// SIZE_MAX: the parser refuses it.
+size_t DecodedBytes(const google::protobuf::Descriptor& type, std::span<const std::byte> payload);
+
+// Payloads shorter than this are not walked: at most ~40x their size, they are covered by the
+// allowance every call is counted with (kCallHeldBytes, 3 KiB).
+inline constexpr size_t kDecodedCheckFromBytes = 256;
+
+}  // namespace rdmarpc::internal
