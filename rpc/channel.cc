@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "rpc/internal/call_table.h"
+#include "rpc/internal/decoded_size.h"
 #include "rpc/internal/endpoint.h"
 #include "rpc/internal/frame_writer.h"
 #include "rpc/internal/keepalive.h"
@@ -558,8 +559,14 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       StopAfterEmptyWake(index, (co_await asio::this_coro::cancellation_state).cancelled());
     }
     Status status = NameUnknownMethod(std::move(s.status), *s.method);
-    if (status.ok() && reply != nullptr && !reply->ParseFromString(s.final_payload)) {
-      status = Status(StatusCode::kInternal, "reply does not parse as " + reply->GetTypeName());
+    if (status.ok() && reply != nullptr) {
+      const auto payload = std::as_bytes(std::span(s.final_payload));
+      if (const size_t excess = internal::DecodedExcess(*reply, payload);
+          excess > ParsedAllowance()) {
+        status = ParsedTooLarge("reply", payload.size(), excess);
+      } else if (!reply->ParseFromString(s.final_payload)) {
+        status = Status(StatusCode::kInternal, "reply does not parse as " + reply->GetTypeName());
+      }
     }
     StreamEnded(index, status);
     ReleaseStream(index, generation);
@@ -1221,8 +1228,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     }
     // s.status is OK already (FreeSlot leaves it so, and nothing else sets it on a call that
     // is not done): only a failure sets it, out of line (fewer registers saved on the way).
-    if (f.header.status != static_cast<uint32_t>(StatusCode::kOk) ||
-        !internal::ParsePayload(*s.reply, f.payload)) {
+    if (f.header.status != static_cast<uint32_t>(StatusCode::kOk)) {
+      SetReplyError(s, f);
+    } else if (f.payload.size() >= internal::kDecodedCheckFromBytes && ReplyTooLarge(s, f)) {
+      // s.status says so; not parsed
+    } else if (!internal::ParsePayload(*s.reply, f.payload)) {
       SetReplyError(s, f);
     }
     s.done = true;
@@ -1241,6 +1251,26 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   static constexpr size_t kPongQueueLimitBytes = 64 * 1024;
 
   // A unary reply that failed (the server's status) or does not parse.
+  // What a message from the server may take once parsed beyond its own bytes: the message limit
+  // (a hostile server's reply of many small or unknown fields would otherwise take up to forty
+  // times it; rpc/internal/decoded_size.h).
+  size_t ParsedAllowance() const { return options_.transport.max_message_bytes; }
+  [[gnu::noinline]] Status ParsedTooLarge(const char* what, size_t bytes, size_t excess) const {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string(what) + " of " + std::to_string(bytes) + " bytes would take about " +
+                      std::to_string(bytes + excess) +
+                      " once parsed (many small or unknown fields), more than the " +
+                      std::to_string(ParsedAllowance()) +
+                      " bytes (the message limit) allowed beyond them");
+  }
+  // True (with s.status set) when the reply in `f` would take too much parsed.
+  [[gnu::noinline]] bool ReplyTooLarge(Slot& s, const DecodedFrame& f) {
+    const size_t excess = internal::DecodedExcess(*s.reply, f.payload);
+    if (excess <= ParsedAllowance()) return false;
+    s.status = ParsedTooLarge("reply", f.payload.size(), excess);
+    return true;
+  }
+
   [[gnu::noinline]] static void SetReplyError(Slot& s, const DecodedFrame& f) {
     if (f.header.status == static_cast<uint32_t>(StatusCode::kOk)) {
       s.status = Status(StatusCode::kInternal, "reply does not parse as " + s.reply->GetTypeName());
@@ -1331,17 +1361,20 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   bool TakeStreamMessage(uint32_t index, google::protobuf::MessageLite& out) {
     Slot& s = calls_[index];
     const size_t bytes = s.messages.FrontSize();
-    const bool parsed = s.messages.PopInto(out);
+    size_t excess = 0;
+    const auto popped = s.messages.PopInto(out, ParsedAllowance(), &excess);
     TookStreamMessage(index, bytes);
-    if (parsed) [[likely]]
+    if (popped == internal::StreamQueue::Popped::kParsed) [[likely]]
       return true;
-    StreamMessageUnparsed(index, out);
+    StreamMessageUnparsed(index,
+                          popped == internal::StreamQueue::Popped::kTooLarge
+                              ? ParsedTooLarge("stream message", bytes, excess)
+                              : Status(StatusCode::kInternal,
+                                       "stream message does not parse as " + out.GetTypeName()));
     return false;
   }
-  [[gnu::noinline]] void StreamMessageUnparsed(uint32_t index,
-                                               const google::protobuf::MessageLite& out) {
+  [[gnu::noinline]] void StreamMessageUnparsed(uint32_t index, Status why) {
     Slot& s = calls_[index];
-    Status why(StatusCode::kInternal, "stream message does not parse as " + out.GetTypeName());
     if (s.done) {
       // The server's end had come already (its status is behind the message in the stream):
       // the caller still lost a message, which the status must say.

@@ -36,6 +36,9 @@
 namespace rdmarpc {
 
 struct ChannelOptions {
+  // transport.max_message_bytes also bounds what a reply or stream message may take once parsed
+  // beyond its bytes (many small or unknown fields): one that would take more fails its call or
+  // stream with RESOURCE_EXHAUSTED, unparsed.
   transport::Options transport;
   // Keepalive: when nothing has arrived from the server for `keepalive_interval`, send a PING;
   // when nothing at all arrives within `keepalive_timeout` after it, the server is taken for

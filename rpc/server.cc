@@ -506,8 +506,11 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     if (hook->streaming) streams_.erase(hook->call_id);
   }
 
-  void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) override {
+  void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes,
+                          size_t parsed_excess) override {
     held_bytes_ -= bytes + kStreamMessageHeldBytes;
+    held_bytes_ = held_bytes_ - inbox.parsed_excess + parsed_excess;
+    inbox.parsed_excess = parsed_excess;
     inbox.unreported += bytes;
     if (inbox.unreported >= kStreamWindowBytes / 2 && !inbox.ended && conn_ && !conn_->closed()) {
       SendWindow(*conn_, call_id, inbox.unreported);
@@ -1022,6 +1025,13 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     entry->handler->Start(*hosted.service, std::move(call), f.payload);
   }
 
+  // What a connection may hold in all: its budget, else the server's; no bound when neither.
+  size_t ParsedAllowance() const override {
+    const ServerOptions& o = core_->options;
+    if (o.max_buffered_bytes_per_connection != 0) return o.max_buffered_bytes_per_connection;
+    return o.max_buffered_bytes != 0 ? o.max_buffered_bytes : SIZE_MAX;
+  }
+
   // Adds to `held` what `payload` will take once parsed beyond its own bytes. A request that
   // would take more beyond them than the connection may hold in all (its budget, else the
   // server's) is refused with RESOURCE_EXHAUSTED (false): it could only be held by going past
@@ -1034,11 +1044,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     const size_t decoded = DecodedBytes(*type, payload);
     if (decoded == SIZE_MAX) return true;  // nested past the limit: the parse refuses it
     const size_t extra = decoded - payload.size();
-    const ServerOptions& o = core_->options;
-    const size_t allowed = o.max_buffered_bytes_per_connection != 0
-                               ? o.max_buffered_bytes_per_connection
-                               : o.max_buffered_bytes;
-    if (allowed != 0 && extra > allowed) {
+    const size_t allowed = ParsedAllowance();
+    if (extra > allowed) {
       SendError(reply,
                 Status(StatusCode::kResourceExhausted,
                        "request of " + std::to_string(payload.size()) + " bytes would take about " +
@@ -1215,17 +1222,28 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   if (Over()) return StreamTry::kOver;
   if (in.messages.empty()) return in.ended ? StreamTry::kOver : StreamTry::kWait;
   const size_t bytes = in.messages.FrontSize();
-  const bool parsed = in.messages.PopInto(out);
+  size_t excess = 0;
+  const StreamQueue::Popped popped =
+      in.messages.PopInto(out, call_.sink()->ParsedAllowance(), &excess);
   const size_t cost = kFrameHeaderBytes + bytes;
   in.buffered -= cost;
-  call_.sink()->StreamMessageTaken(call_.call_id(), in, cost);
+  call_.sink()->StreamMessageTaken(call_.call_id(), in, cost,
+                                   popped == StreamQueue::Popped::kParsed ? excess : 0);
   ContextAccess::CountReceived(call_.context(), bytes);
-  if (!parsed) {
+  if (popped == StreamQueue::Popped::kParsed) [[likely]]
+    return StreamTry::kDone;
+  if (popped == StreamQueue::Popped::kTooLarge) {
+    error_ = Status(StatusCode::kResourceExhausted,
+                    "stream message of " + std::to_string(bytes) + " bytes would take about " +
+                        std::to_string(bytes + excess) +
+                        " once parsed (many small or unknown fields), more than the " +
+                        std::to_string(call_.sink()->ParsedAllowance()) +
+                        " bytes a connection may hold beyond them");
+  } else {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());
-    return StreamTry::kOver;
   }
-  return StreamTry::kDone;
+  return StreamTry::kOver;
 }
 
 }  // namespace internal

@@ -55,7 +55,8 @@ struct ServerOptions {
   // 256 bytes or more at what it will take once parsed where that is more than its bytes, as
   // with many small or unknown fields, and refused with RESOURCE_EXHAUSTED before it is parsed
   // when that is more than this beyond its bytes -- or than max_buffered_bytes, when this is
-  // 0) plus the
+  // 0; a client-stream message likewise when its handler reads it, counted until its next read
+  // or the call's end) plus the
   // replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
   // the server stops reading from that client (TCP: its socket; RDMA: no ring credit goes back)
   // until the figure falls to half: backpressure, not unbounded memory, and never a lost call.

@@ -372,6 +372,53 @@ TEST_CASE(
   CHECK(server.accepted() == 1);  // the connection was not at fault
 }
 
+// A reply of many small fields the client does not know (empty, length-delimited: two bytes
+// each on the wire, ~80 parsed) would take forty times its size once parsed: one the size of
+// the message limit, ~2.5 GiB. A reply or stream message that would take more than the message
+// limit beyond its bytes is refused unparsed (RESOURCE_EXHAUSTED); the connection stays.
+TEST_CASE("a reply or stream message of many small unknown fields is refused before it is parsed",
+          "[hostile-server][memory]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  std::string fields;  // 200 KiB of field 15, empty: within a stream's window and the limit
+  while (fields.size() < (200u << 10)) fields += std::string("\x7a\x00", 2);
+  ScriptedServer server(listen, [&](transport::Connection& conn, const SeenRequest& r) {
+    if (r.header.flags & kRequestFlagServerStream) {
+      FrameHeader h;
+      h.type = FrameType::kStreamMessage;
+      h.call_id = r.header.call_id;
+      CountReply m;
+      m.set_seq(0);
+      SendFrame(conn, h, m.SerializeAsString());
+      SendFrame(conn, h, fields);
+      SendFrame(conn, ResponseTo(r), "");
+      return;
+    }
+    if (EchoPayload(r) == "fields") {
+      SendFrame(conn, ResponseTo(r), fields);
+      return;
+    }
+    AnswerEcho(conn, r);
+  });
+  ChannelOptions options;
+  options.transport.max_message_bytes = 1u << 20;  // 200 KiB of these take ~8 MiB parsed
+  auto stub = ConnectTo(server, options);
+  auto reply = Echo(stub, "fields");
+  CHECK(reply.status().code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(reply.status().message(), Catch::Contains("reply of 204800 bytes would take about") &&
+                                           Catch::Contains("once parsed"));
+  auto call = stub.Count(CountRequest(), {.timeout = 10s});
+  auto first = call.Read();
+  REQUIRE(first.has_value());
+  CHECK(first->seq() == 0);
+  CHECK_FALSE(call.Read().has_value());
+  const Status s = call.Finish();
+  CHECK(s.code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(s.message(), Catch::Contains("stream message of 204800 bytes would take about"));
+  ServedAfterwards(stub, "after");
+  CHECK(server.accepted() == 1);  // the connection was not at fault
+}
+
 TEST_CASE("a reply over the client's message limit drops that connection; the call says so",
           "[hostile-server][limits]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

@@ -46,7 +46,8 @@ class ScriptedSink final : public CallSink {
                          Status*) override {
     return false;
   }
-  void StreamMessageTaken(uint64_t, StreamInbox&, size_t) override {}
+  void StreamMessageTaken(uint64_t, StreamInbox&, size_t, size_t) override {}
+  size_t ParsedAllowance() const override { return SIZE_MAX; }
   bool OverBudget() override { return false; }
   const transport::Executor& executor() const override { return executor_; }
 

@@ -1,6 +1,7 @@
 #include "rpc/internal/decoded_size.h"
 
 #include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -164,6 +165,15 @@ size_t DecodedBytes(const Descriptor& type, std::span<const std::byte> payload) 
   w.Fields(&type, p + payload.size(), 0, 0);
   if (w.too_deep()) return std::numeric_limits<size_t>::max();
   return std::max(MessageCost(type) + w.total(), payload.size());
+}
+
+size_t DecodedExcess(const google::protobuf::MessageLite& into,
+                     std::span<const std::byte> payload) {
+  if (payload.size() < kDecodedCheckFromBytes) return 0;
+  const auto* full = dynamic_cast<const google::protobuf::Message*>(&into);
+  if (full == nullptr) return 0;
+  const size_t decoded = DecodedBytes(*full->GetDescriptor(), payload);
+  return decoded == std::numeric_limits<size_t>::max() ? 0 : decoded - payload.size();
 }
 
 }  // namespace rdmarpc::internal

@@ -19,7 +19,8 @@
 
 namespace google::protobuf {
 class Descriptor;
-}
+class MessageLite;
+}  // namespace google::protobuf
 
 namespace rdmarpc::internal {
 
@@ -28,6 +29,11 @@ namespace rdmarpc::internal {
 // (the parser stops there too). Deeper nesting than protobuf's recursion limit (100) counts as
 // SIZE_MAX: the parser refuses it.
 size_t DecodedBytes(const google::protobuf::Descriptor& type, std::span<const std::byte> payload);
+
+// What `payload` will take once parsed into `into` beyond its own bytes: 0 for payloads under
+// kDecodedCheckFromBytes, for lite messages (no descriptor) and past the nesting limit (the
+// parse refuses those).
+size_t DecodedExcess(const google::protobuf::MessageLite& into, std::span<const std::byte> payload);
 
 // Payloads shorter than this are not walked: at most ~40x their size, they are covered by the
 // allowance every call is counted with (kCallHeldBytes, 3 KiB).

@@ -44,7 +44,10 @@ struct StreamInbox {
   StreamQueue messages;
   uint64_t buffered = 0;    // frame bytes of `messages`
   uint64_t unreported = 0;  // frame bytes read since the last WINDOW sent to the caller
-  bool ended = false;       // the caller half-closed: nothing more comes
+  // What the message the handler read last takes parsed beyond its bytes (DecodedExcess): the
+  // handler holds it, parsed, until its next read (or the call's end), so it counts until then.
+  uint64_t parsed_excess = 0;
+  bool ended = false;  // the caller half-closed: nothing more comes
   boost::asio::any_completion_handler<void()> reader;
 };
 
@@ -157,8 +160,13 @@ class CallSink {
                                  size_t* cost, Status* error) = 0;
   // Client streams: the handler took a message of `bytes` (frame bytes) out of `inbox`: it no
   // longer counts against the connection's memory budget (with kStreamMessageHeldBytes), and
-  // the caller is sent WINDOW when half a window has been read.
-  virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes) = 0;
+  // the caller is sent WINDOW when half a window has been read. `parsed_excess`: what it takes
+  // parsed beyond its bytes, counted in place of the last one's (StreamInbox::parsed_excess).
+  virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes,
+                                  size_t parsed_excess) = 0;
+  // The most a request or client-stream message may take parsed beyond its own bytes (many
+  // small or unknown fields): more is refused unparsed (RESOURCE_EXHAUSTED).
+  virtual size_t ParsedAllowance() const = 0;
   // Server streams: the connection holds more than its memory budget (replies its client has
   // not taken): a writer waits, whatever stream credit it has, until the connection wakes it
   // (CancelHook::WakeWriter) below half the budget. Stream credit alone does not bound what is
@@ -254,8 +262,10 @@ class ServerCall {
     // Messages the handler left unread stop counting against the connection with the call.
     size_t held = request_bytes_;
     if (hook_.inbox) {
-      held += hook_.inbox->buffered + hook_.inbox->messages.size() * kStreamMessageHeldBytes;
+      held += hook_.inbox->buffered + hook_.inbox->messages.size() * kStreamMessageHeldBytes +
+              hook_.inbox->parsed_excess;
       hook_.inbox->buffered = 0;
+      hook_.inbox->parsed_excess = 0;
       hook_.inbox->messages.Clear();
     }
     // A cancelled call gets no reply, only an acknowledgement: the caller has already moved on.

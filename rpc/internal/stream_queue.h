@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "rpc/internal/decoded_size.h"
 #include "rpc/internal/parse.h"
 #include "transport/transport.h"
 
@@ -64,13 +65,20 @@ class StreamQueue {
   // The payload size of the oldest message. Not empty().
   size_t FrontSize() const { return messages_.front().size() - transport::kMessageSlopBytes; }
 
+  enum class Popped { kParsed, kMalformed, kTooLarge };
   // Parses the oldest message into `out` (as ParseFromArray: cleared first, required fields
-  // checked) and drops it; false when it does not parse (dropped all the same). Not empty().
-  bool PopInto(google::protobuf::MessageLite& out) {
+  // checked) and drops it: kParsed, or kMalformed when it does not parse. One that would take
+  // more than `allowed` bytes parsed beyond its own (DecodedExcess: many small or unknown
+  // fields) is not parsed: kTooLarge. Dropped in every case; `*excess` is what it takes parsed
+  // beyond its bytes. Not empty().
+  Popped PopInto(google::protobuf::MessageLite& out, size_t allowed, size_t* excess) {
     std::string& m = messages_.front();
-    const bool ok =
-        ParsePayload(out, std::span<const std::byte>(reinterpret_cast<const std::byte*>(m.data()),
-                                                     m.size() - transport::kMessageSlopBytes));
+    const std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(m.data()),
+                                             m.size() - transport::kMessageSlopBytes);
+    *excess = DecodedExcess(out, payload);
+    Popped result = Popped::kTooLarge;
+    if (*excess <= allowed)
+      result = ParsePayload(out, payload) ? Popped::kParsed : Popped::kMalformed;
     if (!pool_gone) {
       Pool& pool = ThreadPool();
       if (pool.bytes + m.capacity() <= kPoolBytes) {
@@ -79,7 +87,7 @@ class StreamQueue {
       }
     }
     messages_.pop_front();
-    return ok;
+    return result;
   }
 
   // Drops the oldest message unread. Not empty().
