@@ -141,7 +141,9 @@ class MethodHandler {
   template <class Req>
   static const google::protobuf::Descriptor* DescriptorOf() {
     if constexpr (std::is_base_of_v<google::protobuf::Message, Req>) {
-      return Req::descriptor();
+      // Once: descriptor() runs a std::call_once each time (~100 instructions).
+      static const google::protobuf::Descriptor* const descriptor = Req::descriptor();
+      return descriptor;
     } else {
       return nullptr;
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <typeinfo>
 
 namespace rdmarpc::internal {
 namespace {
@@ -44,6 +45,58 @@ size_t PackedCount(const FieldDescriptor& f, const uint8_t* p, const uint8_t* en
   }
 }
 
+// Most messages number their fields 1, 2, 3...: field(number - 1) then is the one, found without
+// protobuf's table look-up (a call into libprotobuf, ~50 instructions).
+const FieldDescriptor* FindField(const Descriptor& type, uint32_t number) {
+  if (number - 1 < static_cast<uint32_t>(type.field_count())) {
+    const FieldDescriptor* f = type.field(static_cast<int>(number - 1));
+    if (static_cast<uint32_t>(f->number()) == number) return f;
+  }
+  return type.FindFieldByNumber(static_cast<int>(number));
+}
+
+// What a field is, for the walk: looked up once per run of one field number.
+struct FieldKind {
+  enum Kind : uint8_t { kUnknown, kScalar, kString, kMessage, kGroup } kind = kUnknown;
+  bool repeated = false;
+  bool packable = false;  // a repeated scalar, which may come packed
+  const FieldDescriptor* field = nullptr;
+  const Descriptor* message = nullptr;  // kMessage, kGroup
+
+  static FieldKind Of(const FieldDescriptor* f) {
+    FieldKind k;
+    if (f == nullptr) return k;
+    k.field = f;
+    k.repeated = f->is_repeated();
+    switch (f->type()) {
+      case FieldDescriptor::TYPE_STRING:
+      case FieldDescriptor::TYPE_BYTES:
+        k.kind = kString;
+        break;
+      case FieldDescriptor::TYPE_MESSAGE:
+        k.kind = kMessage;
+        k.message = f->message_type();
+        break;
+      case FieldDescriptor::TYPE_GROUP:
+        k.kind = kGroup;
+        k.message = f->message_type();
+        break;
+      default:
+        k.kind = kScalar;
+        k.packable = k.repeated;
+        break;
+    }
+    return k;
+  }
+  // A varint or fixed-size value: nothing for a singular scalar (it lives in the message), a
+  // slot for a repeated one, an unknown field's entry otherwise (a wire type the field does not
+  // take is kept as unknown).
+  size_t ScalarCost() const {
+    if (kind != kScalar) return kUnknownEntry;
+    return repeated ? kRepeatedSlot : 0;
+  }
+};
+
 class Walker {
  public:
   explicit Walker(const uint8_t* p) : p_(p) {}
@@ -56,7 +109,7 @@ class Walker {
       return false;
     }
     uint32_t last_number = 0;
-    const FieldDescriptor* last = nullptr;
+    FieldKind k;
     while (p_ < end) {
       uint64_t tag;
       if (!Varint(end, &tag)) return false;
@@ -64,20 +117,16 @@ class Walker {
       const int wire = static_cast<int>(tag & 7);
       if (number == 0) return false;
       if (wire == 4) return group == number;  // END_GROUP: ours ends the group, any other is bad
-      const FieldDescriptor* f = nullptr;
-      if (type) {
-        // Repeated fields come as runs of one number: look each run up once.
-        if (number != last_number) {
-          last = type->FindFieldByNumber(static_cast<int>(number));
-          last_number = number;
-        }
-        f = last;
+      // Repeated fields come as runs of one number: look each run up once.
+      if (number != last_number) {
+        k = FieldKind::Of(type ? FindField(*type, number) : nullptr);
+        last_number = number;
       }
       switch (wire) {
         case 0: {
           uint64_t ignored;
           if (!Varint(end, &ignored)) return false;
-          total_ += ScalarCost(f);
+          total_ += k.ScalarCost();
           break;
         }
         case 1:
@@ -85,24 +134,22 @@ class Walker {
           const size_t n = wire == 1 ? 8 : 4;
           if (static_cast<size_t>(end - p_) < n) return false;
           p_ += n;
-          total_ += ScalarCost(f);
+          total_ += k.ScalarCost();
           break;
         }
         case 2: {
           uint64_t len;
           if (!Varint(end, &len) || len > static_cast<uint64_t>(end - p_)) return false;
           const uint8_t* sub_end = p_ + len;
-          if (f && f->type() == FieldDescriptor::TYPE_MESSAGE) {
-            total_ += (f->is_repeated() ? kRepeatedSlot : 0) + MessageCost(*f->message_type());
-            if (!Fields(f->message_type(), sub_end, depth + 1, 0)) return false;
+          const size_t slot = k.repeated ? kRepeatedSlot : 0;
+          if (k.kind == FieldKind::kString) {
+            total_ += slot + StringCost(len);
+          } else if (k.kind == FieldKind::kMessage) {
+            total_ += slot + MessageCost(*k.message);
+            if (!Fields(k.message, sub_end, depth + 1, 0)) return false;
             if (p_ != sub_end) return false;
-            break;
-          }
-          if (f && (f->type() == FieldDescriptor::TYPE_STRING ||
-                    f->type() == FieldDescriptor::TYPE_BYTES)) {
-            total_ += (f->is_repeated() ? kRepeatedSlot : 0) + StringCost(len);
-          } else if (f && f->is_repeated() && f->is_packable()) {
-            total_ += kRepeatedSlot * PackedCount(*f, p_, sub_end);
+          } else if (k.packable) {
+            total_ += kRepeatedSlot * PackedCount(*k.field, p_, sub_end);
           } else {  // unknown, or a wire type the field does not take: kept as an unknown field
             total_ += kUnknownEntry + StringCost(len);
           }
@@ -110,9 +157,9 @@ class Walker {
           break;
         }
         case 3: {
-          if (f && f->type() == FieldDescriptor::TYPE_GROUP) {
-            total_ += (f->is_repeated() ? kRepeatedSlot : 0) + MessageCost(*f->message_type());
-            if (!Fields(f->message_type(), end, depth + 1, number)) return false;
+          if (k.kind == FieldKind::kGroup) {
+            total_ += (k.repeated ? kRepeatedSlot : 0) + MessageCost(*k.message);
+            if (!Fields(k.message, end, depth + 1, number)) return false;
           } else {  // an unknown group: an entry holding a field set of its own
             total_ += kUnknownEntry + kHeapString;
             if (!Fields(nullptr, end, depth + 1, number)) return false;
@@ -130,16 +177,11 @@ class Walker {
   bool too_deep() const { return too_deep_; }
 
  private:
-  static size_t ScalarCost(const FieldDescriptor* f) {
-    if (f == nullptr || f->type() == FieldDescriptor::TYPE_MESSAGE ||
-        f->type() == FieldDescriptor::TYPE_GROUP || f->type() == FieldDescriptor::TYPE_STRING ||
-        f->type() == FieldDescriptor::TYPE_BYTES) {
-      return kUnknownEntry;  // unknown, or a wire type the field does not take
-    }
-    return f->is_repeated() ? kRepeatedSlot : 0;
-  }
-
   bool Varint(const uint8_t* end, uint64_t* out) {
+    if (p_ < end && *p_ < 0x80) [[likely]] {  // tags and small values: one byte
+      *out = *p_++;
+      return true;
+    }
     uint64_t v = 0;
     for (int shift = 0; shift < 64 && p_ < end; shift += 7) {
       const uint8_t b = *p_++;
@@ -170,9 +212,19 @@ size_t DecodedBytes(const Descriptor& type, std::span<const std::byte> payload) 
 size_t DecodedExcess(const google::protobuf::MessageLite& into,
                      std::span<const std::byte> payload) {
   if (payload.size() < kDecodedCheckFromBytes) return 0;
-  const auto* full = dynamic_cast<const google::protobuf::Message*>(&into);
-  if (full == nullptr) return 0;
-  const size_t decoded = DecodedBytes(*full->GetDescriptor(), payload);
+  // The type's descriptor, remembered per thread for the last type seen: dynamic_cast and
+  // GetDescriptor (a std::call_once each time) cost ~200 instructions, and a thread mostly sees
+  // the same few types.
+  thread_local const std::type_info* last_type = nullptr;
+  thread_local const Descriptor* last_descriptor = nullptr;
+  const std::type_info& t = typeid(into);
+  if (last_type != &t) {
+    const auto* full = dynamic_cast<const google::protobuf::Message*>(&into);
+    last_descriptor = full ? full->GetDescriptor() : nullptr;
+    last_type = &t;
+  }
+  if (last_descriptor == nullptr) return 0;
+  const size_t decoded = DecodedBytes(*last_descriptor, payload);
   return decoded == std::numeric_limits<size_t>::max() ? 0 : decoded - payload.size();
 }
 
