@@ -15,18 +15,39 @@ using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 
 // Bytes per occurrence, from above (see the header).
-constexpr size_t kUnknownEntry = 32;      // an UnknownField (16 bytes) in a vector that grows
-constexpr size_t kHeapString = 48;        // a std::string of its own, with malloc's header
-constexpr size_t kLongStringExtra = 16;   // malloc's header of a string past the inline 15 bytes
-constexpr size_t kRepeatedSlot = 16;      // a pointer or scalar in an array that grows
-constexpr size_t kMessageBase = 48;       // a message object's fixed part, with malloc's header
-constexpr size_t kPerDeclaredField = 16;  // and its room for each field it declares
-constexpr int kMaxDepth = 100;            // protobuf's default recursion limit
+constexpr size_t kUnknownEntry = 32;     // an UnknownField (16 bytes) in a vector that grows
+constexpr size_t kUnknownSet = 64;       // a message's first unknown field: the set that keeps them
+constexpr size_t kHeapString = 48;       // a std::string of its own, with malloc's header
+constexpr size_t kLongStringExtra = 16;  // malloc's header of a string past the inline 15 bytes
+constexpr size_t kRepeatedSlot = 16;     // a pointer or scalar in an array that grows
+constexpr size_t kMessageBase = 48;      // a message object's fixed part, with malloc's header
+constexpr size_t kFieldBytes = 8;        // and each field's room in it
+constexpr size_t kRepeatedFieldBytes = 24;  // a repeated field's array header
+constexpr size_t kMapFieldBytes = 144;      // a map field's table and its mirror
+constexpr size_t kMapNode = 96;             // a map entry's node: hash links, key and value
+constexpr int kMaxDepth = 100;              // protobuf's default recursion limit
 
 size_t StringCost(uint64_t len) { return kHeapString + (len > 15 ? len + kLongStringExtra : 0); }
 
+// A message object of type `d`, from the fields it declares (a class's layout: a pointer or
+// scalar each, a repeated field's array header, a map field's table and its mirror), with its
+// fixed part and malloc's header; remembered per thread for the types met last.
 size_t MessageCost(const Descriptor& d) {
-  return kMessageBase + kPerDeclaredField * static_cast<size_t>(d.field_count());
+  struct Entry {
+    const Descriptor* type = nullptr;
+    size_t bytes = 0;
+  };
+  thread_local Entry cache[16];
+  Entry& e = cache[(reinterpret_cast<uintptr_t>(&d) >> 4) % 16];
+  if (e.type != &d) {
+    size_t bytes = kMessageBase;
+    for (int i = 0; i < d.field_count(); ++i) {
+      const FieldDescriptor* f = d.field(i);
+      bytes += f->is_map() ? kMapFieldBytes : f->is_repeated() ? kRepeatedFieldBytes : kFieldBytes;
+    }
+    e = {&d, bytes};
+  }
+  return e.bytes;
 }
 
 // The elements of a packed repeated scalar field's bytes.
@@ -62,6 +83,8 @@ struct FieldKind {
   bool packable = false;  // a repeated scalar, which may come packed
   const FieldDescriptor* field = nullptr;
   const Descriptor* message = nullptr;  // kMessage, kGroup
+  size_t map_node = 0;                  // map fields: a node of the map (key, value) per entry
+  int scalar_wire = -1;                 // kScalar: the wire type it takes unpacked
 
   static FieldKind Of(const FieldDescriptor* f) {
     FieldKind k;
@@ -76,24 +99,46 @@ struct FieldKind {
       case FieldDescriptor::TYPE_MESSAGE:
         k.kind = kMessage;
         k.message = f->message_type();
+        if (f->is_map()) {  // the map's node, and its value object made even when not sent
+          const FieldDescriptor* value = k.message->map_value();
+          k.map_node = kMapNode + (value->type() == FieldDescriptor::TYPE_MESSAGE
+                                       ? MessageCost(*value->message_type())
+                                       : 0);
+        }
         break;
       case FieldDescriptor::TYPE_GROUP:
         k.kind = kGroup;
         k.message = f->message_type();
         break;
-      default:
+      case FieldDescriptor::TYPE_FIXED64:
+      case FieldDescriptor::TYPE_SFIXED64:
+      case FieldDescriptor::TYPE_DOUBLE:
         k.kind = kScalar;
         k.packable = k.repeated;
+        k.scalar_wire = 1;
+        break;
+      case FieldDescriptor::TYPE_FIXED32:
+      case FieldDescriptor::TYPE_SFIXED32:
+      case FieldDescriptor::TYPE_FLOAT:
+        k.kind = kScalar;
+        k.packable = k.repeated;
+        k.scalar_wire = 5;
+        break;
+      default:  // varints
+        k.kind = kScalar;
+        k.packable = k.repeated;
+        k.scalar_wire = 0;
         break;
     }
     return k;
   }
-  // A varint or fixed-size value: nothing for a singular scalar (it lives in the message), a
-  // slot for a repeated one, an unknown field's entry otherwise (a wire type the field does not
-  // take is kept as unknown).
-  size_t ScalarCost() const {
-    if (kind != kScalar) return kUnknownEntry;
-    return repeated ? kRepeatedSlot : 0;
+  // A varint or fixed-size value of wire type `wire` that the field takes: nothing for a singular
+  // scalar (it lives in the message), a slot for a repeated one. False when the field does not
+  // take it (unknown, or another wire type): it is kept as an unknown field.
+  bool TakesScalar(int wire, size_t* cost) const {
+    if (kind != kScalar || wire != scalar_wire) return false;
+    *cost = repeated ? kRepeatedSlot : 0;
+    return true;
   }
 };
 
@@ -110,6 +155,7 @@ class Walker {
     }
     uint32_t last_number = 0;
     FieldKind k;
+    bool unknown_seen = false;
     while (p_ < end) {
       uint64_t tag;
       if (!Varint(end, &tag)) return false;
@@ -126,7 +172,7 @@ class Walker {
         case 0: {
           uint64_t ignored;
           if (!Varint(end, &ignored)) return false;
-          total_ += k.ScalarCost();
+          Scalar(k, wire, unknown_seen);
           break;
         }
         case 1:
@@ -134,7 +180,7 @@ class Walker {
           const size_t n = wire == 1 ? 8 : 4;
           if (static_cast<size_t>(end - p_) < n) return false;
           p_ += n;
-          total_ += k.ScalarCost();
+          Scalar(k, wire, unknown_seen);
           break;
         }
         case 2: {
@@ -145,13 +191,13 @@ class Walker {
           if (k.kind == FieldKind::kString) {
             total_ += slot + StringCost(len);
           } else if (k.kind == FieldKind::kMessage) {
-            total_ += slot + MessageCost(*k.message);
+            total_ += slot + MessageCost(*k.message) + k.map_node;
             if (!Fields(k.message, sub_end, depth + 1, 0)) return false;
             if (p_ != sub_end) return false;
           } else if (k.packable) {
             total_ += kRepeatedSlot * PackedCount(*k.field, p_, sub_end);
           } else {  // unknown, or a wire type the field does not take: kept as an unknown field
-            total_ += kUnknownEntry + StringCost(len);
+            total_ += Unknown(unknown_seen) + StringCost(len);
           }
           p_ = sub_end;
           break;
@@ -161,7 +207,7 @@ class Walker {
             total_ += (k.repeated ? kRepeatedSlot : 0) + MessageCost(*k.message);
             if (!Fields(k.message, end, depth + 1, number)) return false;
           } else {  // an unknown group: an entry holding a field set of its own
-            total_ += kUnknownEntry + kHeapString;
+            total_ += Unknown(unknown_seen) + kHeapString;
             if (!Fields(nullptr, end, depth + 1, number)) return false;
           }
           break;
@@ -174,6 +220,20 @@ class Walker {
   }
 
   size_t total() const { return total_; }
+
+ private:
+  // An unknown field's entry, and with a message's first one the set that keeps them.
+  static size_t Unknown(bool& seen) {
+    if (seen) return kUnknownEntry;
+    seen = true;
+    return kUnknownEntry + kUnknownSet;
+  }
+  void Scalar(const FieldKind& k, int wire, bool& unknown_seen) {
+    size_t cost;
+    total_ += k.TakesScalar(wire, &cost) ? cost : Unknown(unknown_seen);
+  }
+
+ public:
   bool too_deep() const { return too_deep_; }
 
  private:

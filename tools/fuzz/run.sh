@@ -17,7 +17,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -eq 0 ] && targets=(frame reassembler handshake record)
+[ ${#targets[@]} -eq 0 ] && targets=(frame reassembler handshake record decoded)
 OUT="${OUT:-${TEST_TMPDIR:-/tmp}/rdmarpc-fuzz}"
 mkdir -p "$OUT"
 CXX="${CXX:-clang++}"
@@ -29,10 +29,11 @@ declare -A sources=(
   [reassembler]="tools/fuzz/reassembler_fuzz.cc"
   [handshake]="tools/fuzz/handshake_fuzz.cc transport/handshake.cc -lcrypto"
   [record]="tools/fuzz/record_fuzz.cc"
+  [decoded]="tools/fuzz/decoded_fuzz.cc rpc/internal/decoded_size.cc -lprotobuf"
 )
 status=0
 for t in "${targets[@]}"; do
-  [ -n "${sources[$t]:-}" ] || { echo "run.sh: no target '$t' (frame, reassembler, handshake, record)" >&2; exit 2; }
+  [ -n "${sources[$t]:-}" ] || { echo "run.sh: no target '$t' (frame, reassembler, handshake, record, decoded)" >&2; exit 2; }
   bin="$OUT/${t}_fuzz"
   # shellcheck disable=SC2086
   "$CXX" "${flags[@]}" ${sources[$t]} -o "$bin"
