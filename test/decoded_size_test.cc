@@ -94,6 +94,9 @@ TEST_CASE("DecodedBytes never says less than the parsed message takes", "[decode
     CheckShape<google::protobuf::FileDescriptorProto>("kv.proto's own descriptor",
                                                       m.SerializeAsString());
   }
+#if !defined(__SANITIZE_THREAD__)
+  // Not under ThreadSanitizer: protobuf's inline map code, built with it against Debian's
+  // libprotobuf built without, crashes on the first insert (map.h's look-up of an empty table).
   {
     google::protobuf::Struct m;  // a map of messages
     for (int i = 0; i < 10000; ++i) {
@@ -103,6 +106,7 @@ TEST_CASE("DecodedBytes never says less than the parsed message takes", "[decode
     // as the entry's field.
     CheckShape<google::protobuf::Struct>("a map of 10,000 entries", m.SerializeAsString(), 6);
   }
+#endif
 }
 
 TEST_CASE("DecodedBytes counts fields the message does not declare", "[decoded]") {
