@@ -4,11 +4,13 @@
 #include "rpc/internal/decoded_size.h"
 
 #include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/struct.pb.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -143,4 +145,31 @@ TEST_CASE("DecodedBytes stops where the parser would", "[decoded]") {
   // And 100 deep is fine.
   const std::string ok = Repeat("\x7b", 100) + Repeat("\x7c", 100);
   CHECK(DecodedBytes(*type, Bytes(ok)) < 100 * 1024);
+}
+
+// The client asks DecodedExcess of the message it parses into, whatever its class: a generated
+// one (its descriptor is remembered per class), or a DynamicMessage (as the rdmarpc tool's),
+// whose one class serves many types: each must be read with its own descriptor.
+TEST_CASE("DecodedExcess reads each message with its own type", "[decoded]") {
+  using rdmarpc::internal::DecodedExcess;
+  kv::MultiGetRequest keys;  // field 1: repeated bytes
+  for (int i = 0; i < 1000; ++i) keys.add_keys("");
+  const std::string wire = keys.SerializeAsString();
+  const auto* as_keys = kv::MultiGetRequest::descriptor();
+  const auto* as_echo = rdmarpc::testing::EchoRequest::descriptor();  // field 1: singular bytes
+  const size_t keys_excess = DecodedBytes(*as_keys, Bytes(wire)) - wire.size();
+  const size_t echo_excess = DecodedBytes(*as_echo, Bytes(wire)) - wire.size();
+  REQUIRE(keys_excess != echo_excess);
+  google::protobuf::DynamicMessageFactory factory;
+  std::unique_ptr<google::protobuf::Message> dyn_keys(factory.GetPrototype(as_keys)->New());
+  std::unique_ptr<google::protobuf::Message> dyn_echo(factory.GetPrototype(as_echo)->New());
+  kv::MultiGetRequest gen_keys;
+  rdmarpc::testing::EchoRequest gen_echo;
+  for (int round = 0; round < 2; ++round) {
+    CHECK(DecodedExcess(*dyn_keys, Bytes(wire)) == keys_excess);
+    CHECK(DecodedExcess(*dyn_echo, Bytes(wire)) == echo_excess);
+    CHECK(DecodedExcess(gen_keys, Bytes(wire)) == keys_excess);
+    CHECK(DecodedExcess(gen_echo, Bytes(wire)) == echo_excess);
+  }
+  CHECK(DecodedExcess(gen_keys, Bytes(wire.substr(0, 100))) == 0);  // under 256 bytes: not walked
 }

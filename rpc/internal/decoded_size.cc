@@ -259,6 +259,14 @@ class Walker {
   bool too_deep_ = false;
 };
 
+// Whether `t` is the generated class of `d` (not, say, a DynamicMessage of it).
+bool IsGeneratedClass(const Descriptor& d, const std::type_info& t) {
+  if (d.file()->pool() != google::protobuf::DescriptorPool::generated_pool()) return false;
+  const google::protobuf::Message* prototype =
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(&d);
+  return prototype != nullptr && typeid(*prototype) == t;
+}
+
 }  // namespace
 
 size_t DecodedBytes(const Descriptor& type, std::span<const std::byte> payload) {
@@ -275,16 +283,23 @@ size_t DecodedExcess(const google::protobuf::MessageLite& into,
   // The type's descriptor, remembered per thread for the last type seen: dynamic_cast and
   // GetDescriptor (a std::call_once each time) cost ~200 instructions, and a thread mostly sees
   // the same few types.
+  // Only where the class names the type: a lite class (no descriptor) or a generated one (the
+  // generated prototype of its descriptor is of the same class); one DynamicMessage class serves
+  // every dynamic type.
   thread_local const std::type_info* last_type = nullptr;
   thread_local const Descriptor* last_descriptor = nullptr;
   const std::type_info& t = typeid(into);
+  const Descriptor* descriptor = last_descriptor;
   if (last_type != &t) {
     const auto* full = dynamic_cast<const google::protobuf::Message*>(&into);
-    last_descriptor = full ? full->GetDescriptor() : nullptr;
-    last_type = &t;
+    descriptor = full ? full->GetDescriptor() : nullptr;
+    if (full == nullptr || IsGeneratedClass(*descriptor, t)) {
+      last_type = &t;
+      last_descriptor = descriptor;
+    }
   }
-  if (last_descriptor == nullptr) return 0;
-  const size_t decoded = DecodedBytes(*last_descriptor, payload);
+  if (descriptor == nullptr) return 0;
+  const size_t decoded = DecodedBytes(*descriptor, payload);
   return decoded == std::numeric_limits<size_t>::max() ? 0 : decoded - payload.size();
 }
 
