@@ -380,7 +380,8 @@ TEST_CASE("a stream queue gives back each message intact, in order, whatever buf
         CHECK(q.FrontSize() == s.size());
         EchoRequest got, want;
         REQUIRE(want.ParseFromString(s));
-        REQUIRE(q.PopInto(got));
+        size_t excess = 0;
+        REQUIRE(q.PopInto(got, SIZE_MAX, &excess) == internal::StreamQueue::Popped::kParsed);
         CHECK(got.seq() == want.seq());
         CHECK(got.payload() == want.payload());
       }
@@ -394,10 +395,23 @@ TEST_CASE("a stream queue gives back each message intact, in order, whatever buf
   const std::string good = ok.SerializeAsString();
   q.Push(bytes(good));
   EchoRequest got;
-  CHECK_FALSE(q.PopInto(got));
+  size_t excess = 0;
+  CHECK(q.PopInto(got, SIZE_MAX, &excess) == internal::StreamQueue::Popped::kMalformed);
   CHECK(q.size() == 1);
-  REQUIRE(q.PopInto(got));
+  REQUIRE(q.PopInto(got, SIZE_MAX, &excess) == internal::StreamQueue::Popped::kParsed);
   CHECK(got.seq() == 7);
+  // One that would take more parsed beyond its bytes than allowed (512 empty unknown fields,
+  // ~40 KiB parsed) is dropped unparsed, and says what it would have taken; the next is unharmed.
+  std::string fields;
+  for (int i = 0; i < 512; ++i) fields += std::string("\x7a\x00", 2);
+  q.Push(bytes(fields));
+  q.Push(bytes(good));
+  CHECK(q.PopInto(got, 1024, &excess) == internal::StreamQueue::Popped::kTooLarge);
+  CHECK(excess > 16 * fields.size());
+  CHECK(q.size() == 1);
+  REQUIRE(q.PopInto(got, 1024, &excess) == internal::StreamQueue::Popped::kParsed);
+  CHECK(got.seq() == 7);
+  CHECK(excess == 0);  // under kDecodedCheckFromBytes: not walked
   // Dropped unread.
   q.Push(bytes(good));
   q.Pop();

@@ -27,7 +27,14 @@ cd "$(dirname "$0")/.."
 
 version=0.1.0
 runtime="//rpc //rpc:health //rpc:metrics //rpc:secret_file //transport"
-bazel build --config=ci $runtime //tools/codegen:protoc-gen-rdmarpc //tools/cli:rdmarpc
+# Every library of the two layers that the runtime's targets link, asked of Bazel, so that a
+# library added later is not left out (one was, once: the fresh clone's CMake build failed to
+# link). They are built here by name: building the runtime alone does not make their archives
+# (its links take the object files), and an archive left from an older build would be stale.
+libs=$(bazel query --noshow_progress \
+  "kind('cc_library rule', deps(set($runtime)) intersect set(//rpc/... //transport/...))")
+# shellcheck disable=SC2086
+bazel build --config=ci $runtime $libs //tools/codegen:protoc-gen-rdmarpc //tools/cli:rdmarpc
 bin=$(bazel info --config=ci bazel-bin 2>/dev/null)
 
 mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
@@ -39,14 +46,10 @@ done
 for h in rpc/health.pb.h rpc/health.rdmarpc.pb.h; do  # generated: the health service's messages
   install -D -m 644 "$bin/$h" "$prefix/include/rdmarpc/$h"
 done
-# One archive for both layers (the rpc layer needs the transport layer): every library of theirs
-# that the runtime's targets link, asked of Bazel, so that a library added later is not left out
-# (one was, once: the fresh clone's CMake build failed to link). Header-only libraries have no
-# archive.
+# One archive for both layers (the rpc layer needs the transport layer): the libraries above.
+# Header-only libraries have no archive.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-libs=$(bazel query --noshow_progress \
-  "kind('cc_library rule', deps(set($runtime)) intersect set(//rpc/... //transport/...))")
 {
   echo "CREATE $tmp/librdmarpc.a"
   for label in $libs; do
