@@ -50,17 +50,29 @@ size_t MessageCost(const Descriptor& d) {
   return e.bytes;
 }
 
-// The elements of a packed repeated scalar field's bytes.
-size_t PackedCount(const FieldDescriptor& f, const uint8_t* p, const uint8_t* end) {
+// The wire type a scalar field takes unpacked: 1 (64 bits), 5 (32 bits) or 0 (a varint).
+int ScalarWire(const FieldDescriptor& f) {
   switch (f.type()) {
-    case FieldDescriptor::TYPE_FIXED32:
-    case FieldDescriptor::TYPE_SFIXED32:
-    case FieldDescriptor::TYPE_FLOAT:
-      return static_cast<size_t>(end - p) / 4;
     case FieldDescriptor::TYPE_FIXED64:
     case FieldDescriptor::TYPE_SFIXED64:
     case FieldDescriptor::TYPE_DOUBLE:
+      return 1;
+    case FieldDescriptor::TYPE_FIXED32:
+    case FieldDescriptor::TYPE_SFIXED32:
+    case FieldDescriptor::TYPE_FLOAT:
+      return 5;
+    default:
+      return 0;
+  }
+}
+
+// The elements of a packed repeated scalar field's bytes.
+size_t PackedCount(const FieldDescriptor& f, const uint8_t* p, const uint8_t* end) {
+  switch (ScalarWire(f)) {
+    case 1:
       return static_cast<size_t>(end - p) / 8;
+    case 5:
+      return static_cast<size_t>(end - p) / 4;
     default:  // varints: one element ends at each byte without the continuation bit
       return static_cast<size_t>(std::count_if(p, end, [](uint8_t b) { return b < 0x80; }));
   }
@@ -110,24 +122,10 @@ struct FieldKind {
         k.kind = kGroup;
         k.message = f->message_type();
         break;
-      case FieldDescriptor::TYPE_FIXED64:
-      case FieldDescriptor::TYPE_SFIXED64:
-      case FieldDescriptor::TYPE_DOUBLE:
+      default:
         k.kind = kScalar;
         k.packable = k.repeated;
-        k.scalar_wire = 1;
-        break;
-      case FieldDescriptor::TYPE_FIXED32:
-      case FieldDescriptor::TYPE_SFIXED32:
-      case FieldDescriptor::TYPE_FLOAT:
-        k.kind = kScalar;
-        k.packable = k.repeated;
-        k.scalar_wire = 5;
-        break;
-      default:  // varints
-        k.kind = kScalar;
-        k.packable = k.repeated;
-        k.scalar_wire = 0;
+        k.scalar_wire = ScalarWire(*f);
         break;
     }
     return k;
