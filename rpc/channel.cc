@@ -1250,10 +1250,9 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   }
   static constexpr size_t kPongQueueLimitBytes = 64 * 1024;
 
-  // A unary reply that failed (the server's status) or does not parse.
   // What a message from the server may take once parsed beyond its own bytes: the message limit
-  // (a hostile server's reply of many small or unknown fields would otherwise take up to forty
-  // times it; rpc/internal/decoded_size.h).
+  // (a hostile server's reply of many small or unknown fields would otherwise take some 17-26
+  // times its size; rpc/internal/decoded_size.h).
   size_t ParsedAllowance() const { return options_.transport.max_message_bytes; }
   [[gnu::noinline]] Status ParsedTooLarge(const char* what, size_t bytes, size_t excess) const {
     return Status(StatusCode::kResourceExhausted,
@@ -1271,6 +1270,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     return true;
   }
 
+  // A unary reply that failed (the server's status) or does not parse.
   [[gnu::noinline]] static void SetReplyError(Slot& s, const DecodedFrame& f) {
     if (f.header.status == static_cast<uint32_t>(StatusCode::kOk)) {
       s.status = Status(StatusCode::kInternal, "reply does not parse as " + s.reply->GetTypeName());

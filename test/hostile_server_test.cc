@@ -373,9 +373,9 @@ TEST_CASE(
 }
 
 // A reply of many small fields the client does not know (empty, length-delimited: two bytes
-// each on the wire, ~80 parsed) would take forty times its size once parsed: one the size of
-// the message limit, ~2.5 GiB. A reply or stream message that would take more than the message
-// limit beyond its bytes is refused unparsed (RESOURCE_EXHAUSTED); the connection stays.
+// each on the wire, ~53 parsed) would take some 17-26 times its size once parsed: one the size
+// of the message limit, over 1 GiB. A reply or stream message that would take more than the
+// message limit beyond its bytes is refused unparsed (RESOURCE_EXHAUSTED); the connection stays.
 TEST_CASE("a reply or stream message of many small unknown fields is refused before it is parsed",
           "[hostile-server][memory]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));

@@ -4,10 +4,11 @@
 // Why: protobuf's in-memory form can be many times its wire size. Every field the receiver does
 // not know is kept as an entry of its own (and a length-delimited one as a heap string besides),
 // and each element of a repeated string or message field is an object of its own: an empty
-// unknown field takes two bytes on the wire and ~80 in memory, so a 16 MiB request of them
-// parsed into ~600 MiB. The server's memory budgets count what a call holds; counting only wire
-// bytes let one request hold forty times its bound. This walks the wire format with the
-// message's descriptor (no allocation, no copy) and adds up what the parser will allocate.
+// unknown field takes two bytes on the wire and ~53 parsed (protobuf's SpaceUsedLong), and two
+// 16 MiB requests of them took a server from 12 to 556 MiB. The server's memory budgets count
+// what a call holds; counting only wire bytes let a request hold some 17-26 times what was
+// counted. This walks the wire format with the message's descriptor (no allocation, no copy) and
+// adds up what the parser will allocate.
 //
 // The figure is an estimate from above, per occurrence (64-bit libstdc++ and protobuf 3.21's
 // layouts, rounded up, vectors counted at twice their elements for growth); it is meant to bound
@@ -35,7 +36,7 @@ size_t DecodedBytes(const google::protobuf::Descriptor& type, std::span<const st
 // parse refuses those).
 size_t DecodedExcess(const google::protobuf::MessageLite& into, std::span<const std::byte> payload);
 
-// Payloads shorter than this are not walked: at most ~40x their size, they are covered by the
+// Payloads shorter than this are not walked: at most ~10 KiB parsed each, of the order of the
 // allowance every call is counted with (kCallHeldBytes, 3 KiB).
 inline constexpr size_t kDecodedCheckFromBytes = 256;
 
