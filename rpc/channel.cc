@@ -1256,11 +1256,8 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   size_t ParsedAllowance() const { return options_.transport.max_message_bytes; }
   [[gnu::noinline]] Status ParsedTooLarge(const char* what, size_t bytes, size_t excess) const {
     return Status(StatusCode::kResourceExhausted,
-                  std::string(what) + " of " + std::to_string(bytes) + " bytes would take about " +
-                      std::to_string(bytes + excess) +
-                      " once parsed (many small or unknown fields), more than the " +
-                      std::to_string(ParsedAllowance()) +
-                      " bytes (the message limit) allowed beyond them");
+                  internal::ParsedTooLargeText(what, bytes, excess, ParsedAllowance(),
+                                               "(the message limit) allowed beyond them"));
   }
   // True (with s.status set) when the reply in `f` would take too much parsed.
   [[gnu::noinline]] bool ReplyTooLarge(Slot& s, const DecodedFrame& f) {

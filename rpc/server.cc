@@ -44,6 +44,10 @@ namespace asio = boost::asio;
 
 namespace internal {
 
+// Whose allowance refused a request or client-stream message for what it would take parsed
+// (ParsedTooLargeText; ServerConnection::ParsedAllowance).
+constexpr std::string_view kParsedAllowanceIs = "a connection may hold beyond them";
+
 class ServerConnection;
 
 // The coroutines that run calls' handlers on one I/O thread, kept from call to call. Starting a
@@ -1041,20 +1045,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                                       const FrameHeader& reply, size_t& held) {
     const google::protobuf::Descriptor* type = entry.handler->request_type();
     if (type == nullptr) return true;
-    const size_t decoded = DecodedBytes(*type, payload);
-    if (decoded == SIZE_MAX) return true;  // nested past the limit: the parse refuses it
-    const size_t extra = decoded - payload.size();
+    const size_t excess = DecodedExcess(*type, payload);
     const size_t allowed = ParsedAllowance();
-    if (extra > allowed) {
-      SendError(reply,
-                Status(StatusCode::kResourceExhausted,
-                       "request of " + std::to_string(payload.size()) + " bytes would take about " +
-                           std::to_string(decoded) +
-                           " once parsed (many small or unknown fields), more than the " +
-                           std::to_string(allowed) + " bytes a connection may hold beyond them"));
+    if (excess > allowed) {
+      SendError(reply, Status(StatusCode::kResourceExhausted,
+                              ParsedTooLargeText("request", payload.size(), excess, allowed,
+                                                 kParsedAllowanceIs)));
       return false;
     }
-    held += extra;
+    held += excess;
     return true;
   }
 
@@ -1223,8 +1222,8 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   if (in.messages.empty()) return in.ended ? StreamTry::kOver : StreamTry::kWait;
   const size_t bytes = in.messages.FrontSize();
   size_t excess = 0;
-  const StreamQueue::Popped popped =
-      in.messages.PopInto(out, call_.sink()->ParsedAllowance(), &excess);
+  const size_t allowed = call_.sink()->ParsedAllowance();
+  const StreamQueue::Popped popped = in.messages.PopInto(out, allowed, &excess);
   const size_t cost = kFrameHeaderBytes + bytes;
   in.buffered -= cost;
   call_.sink()->StreamMessageTaken(call_.call_id(), in, cost,
@@ -1233,12 +1232,9 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   if (popped == StreamQueue::Popped::kParsed) [[likely]]
     return StreamTry::kDone;
   if (popped == StreamQueue::Popped::kTooLarge) {
-    error_ = Status(StatusCode::kResourceExhausted,
-                    "stream message of " + std::to_string(bytes) + " bytes would take about " +
-                        std::to_string(bytes + excess) +
-                        " once parsed (many small or unknown fields), more than the " +
-                        std::to_string(call_.sink()->ParsedAllowance()) +
-                        " bytes a connection may hold beyond them");
+    error_ =
+        Status(StatusCode::kResourceExhausted,
+               ParsedTooLargeText("stream message", bytes, excess, allowed, kParsedAllowanceIs));
   } else {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());

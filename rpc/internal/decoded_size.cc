@@ -275,6 +275,12 @@ size_t DecodedBytes(const Descriptor& type, std::span<const std::byte> payload) 
   return std::max(MessageCost(type) + w.total(), payload.size());
 }
 
+size_t DecodedExcess(const Descriptor& type, std::span<const std::byte> payload) {
+  if (payload.size() < kDecodedCheckFromBytes) return 0;
+  const size_t decoded = DecodedBytes(type, payload);
+  return decoded == std::numeric_limits<size_t>::max() ? 0 : decoded - payload.size();
+}
+
 size_t DecodedExcess(const google::protobuf::MessageLite& into,
                      std::span<const std::byte> payload) {
   if (payload.size() < kDecodedCheckFromBytes) return 0;
@@ -296,9 +302,18 @@ size_t DecodedExcess(const google::protobuf::MessageLite& into,
       last_descriptor = descriptor;
     }
   }
-  if (descriptor == nullptr) return 0;
-  const size_t decoded = DecodedBytes(*descriptor, payload);
-  return decoded == std::numeric_limits<size_t>::max() ? 0 : decoded - payload.size();
+  return descriptor == nullptr ? 0 : DecodedExcess(*descriptor, payload);
+}
+
+std::string ParsedTooLargeText(std::string_view what, size_t bytes, size_t excess, size_t allowed,
+                               std::string_view bound) {
+  std::string text(what);
+  text += " of " + std::to_string(bytes) + " bytes would take about " +
+          std::to_string(bytes + excess) +
+          " once parsed (many small or unknown fields), more than the " + std::to_string(allowed) +
+          " bytes ";
+  text += bound;
+  return text;
 }
 
 }  // namespace rdmarpc::internal

@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
+#include <string_view>
 
 namespace google::protobuf {
 class Descriptor;
@@ -31,10 +33,18 @@ namespace rdmarpc::internal {
 // SIZE_MAX: the parser refuses it.
 size_t DecodedBytes(const google::protobuf::Descriptor& type, std::span<const std::byte> payload);
 
-// What `payload` will take once parsed into `into` beyond its own bytes: 0 for payloads under
-// kDecodedCheckFromBytes, for lite messages (no descriptor) and past the nesting limit (the
-// parse refuses those).
+// What `payload`, parsed as `type`, will take beyond its own bytes: 0 for payloads under
+// kDecodedCheckFromBytes and past the nesting limit (the parse refuses those).
+size_t DecodedExcess(const google::protobuf::Descriptor& type, std::span<const std::byte> payload);
+// The same for a payload about to be parsed into `into`, whatever its class: 0 as well for lite
+// messages (no descriptor).
 size_t DecodedExcess(const google::protobuf::MessageLite& into, std::span<const std::byte> payload);
+
+// Why a message is refused for what it would take parsed, the same words wherever that happens:
+// "<what> of N bytes would take about M once parsed (many small or unknown fields), more than
+// the K bytes <bound>", `bound` saying whose allowance K is.
+std::string ParsedTooLargeText(std::string_view what, size_t bytes, size_t excess, size_t allowed,
+                               std::string_view bound);
 
 // Payloads shorter than this are not walked: at most ~10 KiB parsed each, of the order of the
 // allowance every call is counted with (kCallHeldBytes, 3 KiB).
