@@ -340,7 +340,8 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                                *peer_, per_peer, peer_host_);
         return TurnAway(Status(StatusCode::kResourceExhausted,
                                "server is at its limit of " + std::to_string(per_peer) +
-                                   " connections from one client address (" + peer_host_ + ")"));
+                                   " connections from one client address (" + peer_host_ +
+                                   "; max_connections_per_peer)"));
       }
       peer_counted_ = true;
     }

@@ -38,12 +38,15 @@ struct ServerOptions {
   // and its Channel::Connect fails with RESOURCE_EXHAUSTED. 0 = no limit.
   uint32_t max_connections = 0;
   // The most connections served at once from one client address (the IP address, whatever the
-  // port), so that one client cannot take every connection (or, without max_connections, every
-  // descriptor) and keep the others out. Refused and turned away as for max_connections.
-  // 0 = no limit. (Clients behind one NAT or proxy share an address: size it for them.) Over
-  // rdma:// no descriptor limit stands behind these two (an RDMA connection needs no descriptor,
-  // and holds its ring and queue pair, ~360 KiB on Soft-RoCE): set them for untrusted clients.
-  uint32_t max_connections_per_peer = 0;
+  // port), so that one client cannot take every connection, every descriptor (each connection
+  // holds one, over rdma:// too: its CM event channel) or, over rdma://, pinned memory without
+  // end (a ring and a queue pair each, ~360 KiB on Soft-RoCE), and keep the others out. One more
+  // is refused as busy in its handshake, as for max_connections, naming this option. On by
+  // default: a client needs one connection per Channel, and a limit an operator must know to
+  // set is one a hostile client finds first. Clients behind one NAT or proxy share an address:
+  // size it for them (0 = no limit). An IPv6 client may hold many addresses: max_connections
+  // bounds what all of them hold.
+  uint32_t max_connections_per_peer = 256;
   // Keepalive towards clients (see ChannelOptions::keepalive_interval): a client silent for the
   // interval is pinged, and its connection closed when nothing arrives within the timeout; its
   // running handlers are cancelled. Zero interval = off (the default).

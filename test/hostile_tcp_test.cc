@@ -882,14 +882,11 @@ TEST_CASE("clients over max_connections are refused in the handshake and hold no
   CHECK(demo::Echo::BlockingStub(*b).Say(req, {.timeout = 5s}).ok());
 }
 
-TEST_CASE("one client address cannot take every connection (max_connections_per_peer)",
-          "[hostile][tcp][limits]") {
-  auto [server, uri] = StartServer(
-      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--max-connections-per-peer", "4"});
-  const uint16_t port = PortOf(uri);
-  std::vector<int> fds;
+// Opens `n` raw connections from 127.0.0.1 to `port`, each with a HELLO, and keeps them in
+// `fds`: how many were accepted and how many answered busy.
+std::pair<int, int> ConnectFromOneAddress(uint16_t port, int n, std::vector<int>& fds) {
   int accepted = 0, busy = 0;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < n; ++i) {
     fds.push_back(RawClient(port));
     const auto code = AnswerCode(fds.back());
     accepted += code == transport::Refusal::kNone;
@@ -901,10 +898,39 @@ TEST_CASE("one client address cannot take every connection (max_connections_per_
       CHECK(poll(&p, 1, 5000) == 1);
     }
   }
+  return {accepted, busy};
+}
+
+TEST_CASE("one client address cannot take every connection (max_connections_per_peer)",
+          "[hostile][tcp][limits]") {
+  auto [server, uri] = StartServer(
+      {Runfile(kServer), "--listen", "tcp://127.0.0.1:0", "--max-connections-per-peer", "4"});
+  const uint16_t port = PortOf(uri);
+  std::vector<int> fds;
+  const auto [accepted, busy] = ConnectFromOneAddress(port, 20, fds);
   std::printf("20 connections from 127.0.0.1, at most 4 per address: %d accepted, %d busy\n",
               accepted, busy);
   CHECK(accepted == 4);
   CHECK(busy == 16);
+  // A client from another address is not kept out by them.
+  const int other = RawClient(port, "127.0.0.2");
+  CHECK(AnswerCode(other) == transport::Refusal::kNone);
+  close(other);
+  for (int fd : fds) close(fd);
+}
+
+// Without the option set at all: a server as its operator starts it, with no limit in mind,
+// must still not let one address take every connection and descriptor (before the default it
+// accepted all 300 here, and as many as its descriptors allowed).
+TEST_CASE("by default one client address holds at most 256 connections", "[hostile][tcp][limits]") {
+  auto [server, uri] = StartServer({Runfile(kServer), "--listen", "tcp://127.0.0.1:0"});
+  const uint16_t port = PortOf(uri);
+  std::vector<int> fds;
+  const auto [accepted, busy] = ConnectFromOneAddress(port, 300, fds);
+  std::printf("300 connections from 127.0.0.1, default limit: %d accepted, %d busy\n", accepted,
+              busy);
+  CHECK(accepted == 256);
+  CHECK(busy == 44);
   // A client from another address is not kept out by them.
   const int other = RawClient(port, "127.0.0.2");
   CHECK(AnswerCode(other) == transport::Refusal::kNone);

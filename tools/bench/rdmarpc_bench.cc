@@ -108,7 +108,9 @@ constexpr char kUsage[] =
     "  --auth-secret-file F both sides: the shared secret (as the sample servers and clients)\n"
     "  --log-level LEVEL    trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn)\n"
     "Server only, as in the sample servers (echo_server --help): --max-connections,\n"
-    "  --max-concurrent-calls, --max-buffered-bytes, --idle-timeout-ms, --keepalive-ms,\n"
+    "  --max-connections-per-peer (here 0, no limit, by default: a benchmark's clients\n"
+    "  share one address, e.g. --idle-connections 10000), --max-concurrent-calls, "
+    "--max-buffered-bytes, --idle-timeout-ms, --keepalive-ms,\n"
     "  --keepalive-timeout-ms, --shutdown-grace-ms, --access-log, --metrics-listen HOST:PORT.\n"
     "  --json               one JSON object on stdout instead of text\n"
     "  --quiet              no progress lines\n"
@@ -181,6 +183,9 @@ int RunServer(rdmarpc::cmdline::Flags& flags, long threads) {
   // quieter logging (the figures go to stdout).
   rdmarpc::cmdline::ServerSetup setup;
   setup.log_level_fallback = "warn";
+  // Unlike a served server's, no limit per client address unless asked: a benchmark's clients
+  // all come from one (--idle-connections opens up to tens of thousands).
+  setup.options.max_connections_per_peer = 0;
   if (int bad = rdmarpc::cmdline::SetUpServer(flags, "rdmarpc_bench", threads,
                                               "tcp://127.0.0.1:7490", setup)) {
     return bad;
