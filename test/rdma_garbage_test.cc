@@ -8,7 +8,7 @@
 // bound to its connection's QP), and one that takes no replies and ignores credit (closed once
 // past it, with the server's memory bounded by its per-connection budget), and peers whose
 // chunked large messages stop arriving (held to the server-wide bound, and closed while others
-// wait for room).
+// wait for room). Also the CQ arming the transport does with its own kernel command.
 #include <arpa/inet.h>
 #include <endian.h>
 #include <infiniband/verbs.h>
@@ -31,6 +31,7 @@
 #include "test/process_util.h"
 #include "test/test_util.h"
 #include "transport/handshake.h"
+#include "transport/rdma/device.h"
 #include "transport/rdma/ring.h"
 #include "transport/stats.h"
 #include "transport/uri.h"
@@ -1309,4 +1310,39 @@ TEST_CASE(
   INFO(out);
   CHECK(whole);
   CHECK(passed);
+}
+
+// ThreadDevice arms CQs on rxe by writing the kernel's command itself (ArmByKernelCommand): the
+// whole VM suite runs on that path (every wake-up in adaptive and events mode re-arms), where a
+// CQ armed wrongly would leave calls waiting for an event that never comes. This checks that the
+// path is the one chosen here, and that the kernel reads the command rather than ignoring it: a
+// valid CQ is armed, a handle that names no CQ is refused.
+TEST_CASE("CQs on rxe are armed by the kernel command written directly", "[rdma][events]") {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  REQUIRE(list != nullptr);
+  REQUIRE(n > 0);
+  ibv_context* ctx = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  REQUIRE(ctx != nullptr);
+  INFO(ibv_get_device_name(ctx->device));
+  CHECK(transport::rdma::ArmsThroughKernel(ctx));
+  ibv_comp_channel* channel = ibv_create_comp_channel(ctx);
+  REQUIRE(channel != nullptr);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, channel, 0);
+  REQUIRE(cq != nullptr);
+  CHECK(transport::rdma::ArmByKernelCommand(cq));
+  CHECK(transport::rdma::ArmByKernelCommand(cq));  // armed again before any event: allowed
+  ibv_cq stranger = *cq;
+  stranger.handle = cq->handle + 1000;
+  errno = 0;
+  CHECK_FALSE(transport::rdma::ArmByKernelCommand(&stranger));
+  CHECK(errno != 0);
+  // RDMARPC_NO_DIRECT_ARM turns the path off (libibverbs' own call then).
+  setenv("RDMARPC_NO_DIRECT_ARM", "1", 1);
+  CHECK_FALSE(transport::rdma::ArmsThroughKernel(ctx));
+  unsetenv("RDMARPC_NO_DIRECT_ARM");
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_destroy_comp_channel(channel) == 0);
+  CHECK(ibv_close_device(ctx) == 0);
 }

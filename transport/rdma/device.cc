@@ -1,8 +1,11 @@
 #include "transport/rdma/device.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <rdma/ib_user_verbs.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -17,6 +20,31 @@
 
 namespace rdmarpc::transport::rdma {
 namespace asio = boost::asio;
+
+bool ArmByKernelCommand(ibv_cq* cq) {
+  // The uverbs write interface: a header counting 32-bit words (itself included), then the
+  // command. A raw system call: glibc's write() is a cancellation point (~30 instructions more,
+  // for nothing here).
+  struct {
+    ib_uverbs_cmd_hdr hdr;
+    ib_uverbs_req_notify_cq cmd;
+  } req{};
+  static_assert(sizeof(req) % 4 == 0);
+  req.hdr.command = IB_USER_VERBS_CMD_REQ_NOTIFY_CQ;
+  req.hdr.in_words = sizeof(req) / 4;
+  req.cmd.cq_handle = cq->handle;  // solicited_only 0: every completion raises the event
+  return ::syscall(SYS_write, cq->context->cmd_fd, &req, sizeof(req)) == long{sizeof(req)};
+}
+
+bool ArmsThroughKernel(ibv_context* verbs) {
+  // ibv_req_notify_cq calls the context's op; libibverbs' kernel command is a private symbol,
+  // looked up by name so that nothing links against its version.
+  using ReqNotify = int (*)(ibv_cq*, int);
+  static const auto kernel_command =
+      reinterpret_cast<ReqNotify>(::dlsym(RTLD_DEFAULT, "ibv_cmd_req_notify_cq"));
+  return kernel_command != nullptr && verbs->ops.req_notify_cq == kernel_command &&
+         std::getenv("RDMARPC_NO_DIRECT_ARM") == nullptr;
+}
 
 // A descriptor's client at the thread's Poller (the completion channel's, the sweeps' timerfd's):
 // calls `ready` when it is readable. Holds the device weakly, so that the device goes when its
@@ -64,7 +92,7 @@ Expected<ThreadDevice::CqSlot*> ThreadDevice::AcquireCq(uint32_t send_depth) {
   // The CQ's context is its slot: an event names it without a search (TakeEventsAndRearm).
   slot->cq.reset(ibv_create_cq(verbs_, cqe_, slot.get(), channel_.get(), 0));
   if (!slot->cq) return Error{Errno("ibv_create_cq")};
-  if (ibv_req_notify_cq(slot->cq.get(), 0)) return Error{Errno("ibv_req_notify_cq")};
+  if (!ArmCq(slot->cq.get())) return Error{Errno("ibv_req_notify_cq")};
   slot->armed = true;
   slot->conns = 1;
   cqs_.push_back(std::move(slot));
@@ -329,7 +357,7 @@ void ThreadDevice::TakeEventsAndRearm() {
     ibv_cq* cq;
     void* ctx;
     if (slot.armed && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) TookEvent(slot);
-    if (slot.evented && !slot.armed) slot.armed = ibv_req_notify_cq(slot.cq.get(), 0) == 0;
+    if (slot.evented && !slot.armed) slot.armed = ArmCq(slot.cq.get());
     return;
   }
   // Read events only while an armed CQ may still have one queued: once every armed CQ's event
@@ -347,7 +375,7 @@ void ThreadDevice::TakeEventsAndRearm() {
     TookEvent(slot);
   }
   for (auto& slot : cqs_) {
-    if (slot->evented && !slot->armed) slot->armed = ibv_req_notify_cq(slot->cq.get(), 0) == 0;
+    if (slot->evented && !slot->armed) slot->armed = ArmCq(slot->cq.get());
   }
 }
 
@@ -359,6 +387,16 @@ void ThreadDevice::TookEvent(CqSlot& slot) {
     ibv_ack_cq_events(slot.cq.get(), slot.unacked);
     slot.unacked = 0;
   }
+}
+
+bool ThreadDevice::ArmCq(ibv_cq* cq) {
+  if (direct_arm_) [[likely]] {
+    if (ArmByKernelCommand(cq)) return true;
+    spdlog::warn("rdma: arming a CQ by its kernel command failed ({}); using ibv_req_notify_cq",
+                 std::strerror(errno));
+    direct_arm_ = false;
+  }
+  return ibv_req_notify_cq(cq, 0) == 0;
 }
 
 void ThreadDevice::StartSpin() {
