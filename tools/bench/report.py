@@ -52,66 +52,91 @@ def latency_target_row(rdma, label, q, mode, size, target):
 # How this run was made and what it showed. With each new run this paragraph becomes
 # PREVIOUS_RUN, and PREVIOUS_RUN the head of EARLIER_RUNS (both go to docs/bench/HISTORY.md).
 RUN_NOTE = (
-    'This run (2026-12-06, thirty-eighth session, on 261243f: since the run before, RDMA '
-    'busy-poll and adaptive spinning poll the completion queues in bursts of up to 20 us '
-    'instead of 16 polls (a3d6c1d), a burst ending early when another thread posts work to the '
-    'loop (261243f), plus `rdmarpc_bench --blocking` and a test-only counter in '
+    "This run (2026-12-07, forty-sixth session, on fef9a8b's code: since the run before, RDMA "
+    'completion queues of providers that arm them through the kernel (rxe) re-armed by '
+    "writing the kernel's command directly (fef9a8b), and a default of 256 connections per client address (ff433b5; rdmarpc_bench's server keeps none); besides, the thirty-ninth to forty-fifth "
+    "sessions' hardening (bounds on what a peer can make the server hold, each measured in "
+    'bench/HISTORY.md at no or a small cost per call)): one run_all.sh from start to end, '
+    '`bash tools/bench/run_all.sh` (31 minutes), on an Intel Xeon host slower than the run '
+    "before's (the raw ping-pong's 64 B p50 76.3-84.5 us against 57.6-60.7 us; ib_write_lat "
+    '64 B in the guest 51.7-63.7 us against 20.0-20.9 us). Instructions per call over rdma:// '
+    '3,163 / 2,908 (server / client; 3,335 / 3,105 in the run before: the direct re-arm, '
+    "~-205 per side, less the forty-fifth session's parsed-size check), still 663 and 408 "
+    'over the 2,500 target; over TCP 2,351 / 2,088. The RDMA latency targets, as the median '
+    'of three interleaved rounds: busy-poll 64 B 1.59x ib_write_lat (rounds 1.59x / 1.23x / '
+    '1.73x; ib_write_lat 51.7-63.7 us, rdmarpc 65.3-110.1 us; 2.06x in the run before), '
+    'adaptive 64 B 1.72x (1.34x / 1.72x / 1.74x; 2.01x), busy-poll 4 KiB 1.60x (1.93x / 1.46x '
+    '/ 1.60x; 1.56x): none met. In this slow boot every round moved by tens of percent, so '
+    'the lower 64 B ratios say more about the boot than about the code (in the run before, '
+    'rdmarpc was ~2x a perftest three times faster). Idle server CPU in adaptive mode 0.10%. '
+    '1 MiB one way 110.6% of ib_write_bw. TCP 64 B 1.09x the raw ping-pong, depth 32 10.29x '
+    'gRPC C++, 1 MiB 1.31x. Pinned per idle RDMA connection 32.6 / 32.3 / 32.0 KiB at 100 / '
+    '1,000 / 10,000 connections; 10,000 connections held. Metrics on cost +150 / +105 '
+    'instructions per call over TCP and +149 / +109 over rdma://; timed, over TCP depth-1 p50 '
+    '1.025x and depth-32 calls/s 0.969x against a control of 0.953x and 1.019x; over rdma:// '
+    'in the VM (busy-poll, 64 B, 8 rounds) depth-1 p50 1.071x (4 of 8 rounds above 1; control '
+    '1.031x) and depth-32 calls/s 1.030x (control 1.095x): the timed rows are within this '
+    "boot's noise."
+    '\n\nEarlier runs, and every cut to the call path with its figures: [bench/HISTORY.md](bench/HISTORY.md).')
+
+PREVIOUS_RUN = (
+    'The run before (2026-12-06, thirty-eighth session, on 261243f: since the run before, '
+    'RDMA busy-poll and adaptive spinning poll the completion queues in bursts of up to 20 us '
+    'instead of 16 polls (a3d6c1d), a burst ending early when another thread posts work to '
+    'the loop (261243f), plus `rdmarpc_bench --blocking` and a test-only counter in '
     "EventLoopThread; the binary was built from 261243f's tree before its commit, and is "
     'byte-identical to one built after it): one run_all.sh from start to end, `bash '
     'tools/bench/run_all.sh` (27 minutes), on the Intel Xeon host of the run before (the raw '
     "ping-pong's 64 B p50 57.6-60.7 us). The RDMA latency targets, as the median of three "
     'interleaved rounds: busy-poll 64 B 2.06x ib_write_lat (rounds 2.04x / 2.11x / 2.06x; '
-    'ib_write_lat 19.96-20.94 us, rdmarpc 41.2-42.8 us; 2.26x in the run before), adaptive 64 B '
-    '2.01x (1.99x / 2.01x / 2.14x; 2.45x before), busy-poll 4 KiB 1.56x (1.55x / 1.58x / 1.56x; '
-    'rdmarpc 193.5-195.6 us, ib_write_lat 122.4-125.9 us; 1.49x before, with ib_write_lat 4 KiB '
-    'slower in that boot): none met. The longer bursts are what moved the 64 B rows: in a boot '
-    'of their own the old and new binaries side by side gave busy-poll 46.3 -> 42.8 us and '
-    'adaptive 51.0 -> 43.3 us (medians of 5 and 4 interleaved rounds; see Polling modes). Idle '
-    'server CPU in adaptive mode 0.20% (2 clock ticks of 10 ms in 10 s; 0.00% before). 1 MiB '
-    'one way 102.7% of ib_write_bw (91.6% in the run before). Instructions per call over '
-    'rdma:// 3,335 / 3,105 (server / client; events mode, which the bursts do not touch), over '
-    'TCP 2,311 / 2,077. TCP 64 B 1.04x the raw ping-pong, depth 32 7.88x gRPC C++, 1 MiB 1.36x. '
-    'Pinned per idle RDMA connection 32.6 / 32.3 / 32.0 KiB at 100 / 1,000 / 10,000 '
-    'connections; 10,000 connections held. Metrics on cost +152 / +104 instructions per call '
-    'over TCP and +149 / +111 over rdma://; timed, over TCP depth-1 p50 1.008x and depth-32 '
-    'calls/s 0.994x against a control of 1.004x and 0.981x; over rdma:// in the VM (busy-poll, '
-    '64 B, 8 rounds) depth-1 p50 1.026x (7 of 8 rounds above 1; control 0.982x) and depth-32 '
-    'calls/s 0.967x (2 of 8 above 1; control 1.019x).\n\nEarlier runs, and every cut to the '
-    'call path with its figures: [bench/HISTORY.md](bench/HISTORY.md).')
-
-# The note of the run before this one: the first entry of docs/bench/HISTORY.md's earlier runs.
-PREVIOUS_RUN = (
-    'The run before (2026-12-06, thirty-seventh session, on 57b25a4: since the run before, RDMA '
-    'connections hold their send staging buffer only while they send -- taken at the first '
-    'record, given back after a quiet second or two (165b480, 86a5282) -- and rdmarpc_bench '
-    "--idle-connections measures memory once both sides' pinned memory has settled, reporting "
-    'the figure right after the calls as well): one run_all.sh from start to end, `bash '
-    'tools/bench/run_all.sh` (24 minutes), on the Intel Xeon host of the run before (the raw '
-    "ping-pong's 64 B p50 57.6-60.2 us). Pinned per idle RDMA connection 32.6 / 32.3 / 32.0 KiB "
-    'at 100 / 1,000 / 10,000 connections, each side (64.6 / 64.2 / 64.0 in the run before); '
-    'right after the calls 64.6 / 64.2 / 46.9 (at 10,000 the first connections had gone quiet '
-    'before the last call ended); 10,000 connections held, the server pinning 313 MiB for them '
-    'where it pinned 625 MiB. Instructions per call over rdma:// 3,333 / 3,108 (server / '
-    'client; +4 / +3: the staging check on each send), over TCP 2,312 / 2,077. The RDMA latency '
-    'targets, as the median of three interleaved rounds: busy-poll 64 B 2.26x ib_write_lat '
-    '(rounds 2.24x / 2.26x / 2.34x; ib_write_lat 20.2-21.0 us, rdmarpc 45.3-47.4 us), adaptive '
-    '64 B 2.45x, busy-poll 4 KiB 1.49x: none met, where the run before had them (2.21x, 2.40x, '
-    '1.49x). 1 MiB one way 91.6% of ib_write_bw (102.4% in the run before): rdmarpc 57.9-59.7 '
-    'MB/s against 64.3-67.9 then, with perftest at 65.2 against 66.3. The old and the new '
-    'binary side by side in one later boot (1 MiB one way, depth 4, adaptive, 4 interleaved '
-    'rounds of 5 s, by hand through tools/vm/rxe_vm.sh) gave 62.9 / 63.3 / 63.3 / 60.6 MB/s '
-    '(dad7851) against 63.1 / 63.1 / 62.5 / 62.1 MB/s (this code): no difference beyond the '
-    "rounds' own, so the drop is this boot's. TCP 64 B 1.04x the raw ping-pong, depth 32 8.04x "
-    'gRPC C++, 1 MiB 1.35x. Metrics on cost +152 / +104 instructions per call over TCP and +153 '
-    '/ +108 over rdma://; timed, over TCP depth-1 p50 1.016x and depth-32 calls/s 0.983x '
-    'against a control of 1.012x and 0.975x; over rdma:// in the VM (busy-poll, 64 B, 8 rounds) '
-    'depth-1 p50 1.040x (6 of 8 rounds above 1; control 0.989x) and depth-32 calls/s 0.969x (0 '
-    'of 8 above 1; control 1.037x): in this boot the cost shows over rdma://, about the '
-    "instructions' share (+4.6% / +3.5%).")
+    'ib_write_lat 19.96-20.94 us, rdmarpc 41.2-42.8 us; 2.26x in the run before), adaptive 64 '
+    'B 2.01x (1.99x / 2.01x / 2.14x; 2.45x before), busy-poll 4 KiB 1.56x (1.55x / 1.58x / '
+    '1.56x; rdmarpc 193.5-195.6 us, ib_write_lat 122.4-125.9 us; 1.49x before, with '
+    'ib_write_lat 4 KiB slower in that boot): none met. The longer bursts are what moved the '
+    '64 B rows: in a boot of their own the old and new binaries side by side gave busy-poll '
+    '46.3 -> 42.8 us and adaptive 51.0 -> 43.3 us (medians of 5 and 4 interleaved rounds; see '
+    'Polling modes). Idle server CPU in adaptive mode 0.20% (2 clock ticks of 10 ms in 10 s; '
+    '0.00% before). 1 MiB one way 102.7% of ib_write_bw (91.6% in the run before). '
+    'Instructions per call over rdma:// 3,335 / 3,105 (server / client; events mode, which '
+    'the bursts do not touch), over TCP 2,311 / 2,077. TCP 64 B 1.04x the raw ping-pong, '
+    'depth 32 7.88x gRPC C++, 1 MiB 1.36x. Pinned per idle RDMA connection 32.6 / 32.3 / 32.0 '
+    'KiB at 100 / 1,000 / 10,000 connections; 10,000 connections held. Metrics on cost +152 / '
+    '+104 instructions per call over TCP and +149 / +111 over rdma://; timed, over TCP '
+    'depth-1 p50 1.008x and depth-32 calls/s 0.994x against a control of 1.004x and 0.981x; '
+    'over rdma:// in the VM (busy-poll, 64 B, 8 rounds) depth-1 p50 1.026x (7 of 8 rounds '
+    'above 1; control 0.982x) and depth-32 calls/s 0.967x (2 of 8 above 1; control 1.019x).')
 
 # The notes of earlier runs, oldest last (what each run changed and what it measured).
 EARLIER_RUNS = (
-    'The run before that (2026-12-06, thirty-sixth session, on 9729d37: since the run before, '
+    'The run before that (2026-12-06, thirty-seventh session, on 57b25a4: since the run '
+    'before, RDMA connections hold their send staging buffer only while they send -- taken at '
+    'the first record, given back after a quiet second or two (165b480, 86a5282) -- and '
+    "rdmarpc_bench --idle-connections measures memory once both sides' pinned memory has "
+    'settled, reporting the figure right after the calls as well): one run_all.sh from start '
+    'to end, `bash tools/bench/run_all.sh` (24 minutes), on the Intel Xeon host of the run '
+    "before (the raw ping-pong's 64 B p50 57.6-60.2 us). Pinned per idle RDMA connection 32.6 "
+    '/ 32.3 / 32.0 KiB at 100 / 1,000 / 10,000 connections, each side (64.6 / 64.2 / 64.0 in '
+    'the run before); right after the calls 64.6 / 64.2 / 46.9 (at 10,000 the first '
+    'connections had gone quiet before the last call ended); 10,000 connections held, the '
+    'server pinning 313 MiB for them where it pinned 625 MiB. Instructions per call over '
+    'rdma:// 3,333 / 3,108 (server / client; +4 / +3: the staging check on each send), over '
+    'TCP 2,312 / 2,077. The RDMA latency targets, as the median of three interleaved rounds: '
+    'busy-poll 64 B 2.26x ib_write_lat (rounds 2.24x / 2.26x / 2.34x; ib_write_lat 20.2-21.0 '
+    'us, rdmarpc 45.3-47.4 us), adaptive 64 B 2.45x, busy-poll 4 KiB 1.49x: none met, where '
+    'the run before had them (2.21x, 2.40x, 1.49x). 1 MiB one way 91.6% of ib_write_bw '
+    '(102.4% in the run before): rdmarpc 57.9-59.7 MB/s against 64.3-67.9 then, with perftest '
+    'at 65.2 against 66.3. The old and the new binary side by side in one later boot (1 MiB '
+    'one way, depth 4, adaptive, 4 interleaved rounds of 5 s, by hand through '
+    'tools/vm/rxe_vm.sh) gave 62.9 / 63.3 / 63.3 / 60.6 MB/s (dad7851) against 63.1 / 63.1 / '
+    "62.5 / 62.1 MB/s (this code): no difference beyond the rounds' own, so the drop is this "
+    "boot's. TCP 64 B 1.04x the raw ping-pong, depth 32 8.04x gRPC C++, 1 MiB 1.35x. Metrics "
+    'on cost +152 / +104 instructions per call over TCP and +153 / +108 over rdma://; timed, '
+    'over TCP depth-1 p50 1.016x and depth-32 calls/s 0.983x against a control of 1.012x and '
+    '0.975x; over rdma:// in the VM (busy-poll, 64 B, 8 rounds) depth-1 p50 1.040x (6 of 8 '
+    'rounds above 1; control 0.989x) and depth-32 calls/s 0.969x (0 of 8 above 1; control '
+    "1.037x): in this boot the cost shows over rdma://, about the instructions' share (+4.6% "
+    '/ +3.5%). '
+    'Before that (2026-12-06, thirty-sixth session, on 9729d37: since the run before, '
     '46 commits -- in the transports the handshake bounds (max_handshakes over TCP too; '
     'max_connections and max_connections_per_peer kept in the handshake, whose busy ANSWER '
     'names the limit), send staging slabs of 1, 2, 4, then 8 buffers given back when empty '
@@ -752,9 +777,12 @@ def main():
       "libibverbs (the event read, the re-arm as an ioctl command) and about 90 in glibc's "
       "cancellation wrappers around libibverbs' read() and write(): some 640 instructions per "
       "side, part of which a hardware provider would not spend (mlx5, for one, rings the "
-      "doorbell and re-arms a CQ with stores, no system call), and which rdmarpc cannot remove "
-      "while it posts one write per message and, in events mode, sleeps on the completion "
-      "channel. "
+      "doorbell and re-arms a CQ with stores, no system call). Since 2026-12-07 (fef9a8b) "
+      "rdmarpc writes the re-arm's kernel command itself (~30 instructions where libibverbs' "
+      "ioctl marshalling of it took ~215), so libibverbs is down to ~35 per side (the event "
+      "read); the rest, ~420 per side (the post and its write(), the CQ poll, the receives "
+      "reposted, the event's read()), rdmarpc cannot remove while it posts one write per "
+      "message and, in events mode, sleeps on the completion channel. "
       "The steps taken so far, with their figures: \"CPU cuts, step by step\" in "
       "[bench/HISTORY.md](bench/HISTORY.md).")
     w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
