@@ -47,6 +47,10 @@ namespace internal {
 // Whose allowance refused a request or client-stream message for what it would take parsed
 // (ParsedTooLargeText; ServerConnection::ParsedAllowance).
 constexpr std::string_view kParsedAllowanceIs = "a connection may hold beyond them";
+// The same, less what the connection's other streams' handlers hold parsed.
+constexpr std::string_view kStreamAllowanceIs =
+    "the connection may still hold beyond them, besides what messages its other streams' "
+    "handlers hold take";
 
 class ServerConnection;
 
@@ -515,6 +519,7 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
                           size_t parsed_excess) override {
     held_bytes_ -= bytes + kStreamMessageHeldBytes;
     held_bytes_ = held_bytes_ - inbox.parsed_excess + parsed_excess;
+    stream_excess_ = stream_excess_ - inbox.parsed_excess + parsed_excess;
     inbox.parsed_excess = parsed_excess;
     inbox.unreported += bytes;
     if (inbox.unreported >= kStreamWindowBytes / 2 && !inbox.ended && conn_ && !conn_->closed()) {
@@ -1037,6 +1042,13 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     return o.max_buffered_bytes != 0 ? o.max_buffered_bytes : SIZE_MAX;
   }
 
+  size_t StreamParsedAllowance(const StreamInbox& inbox) const override {
+    const size_t allowed = ParsedAllowance();
+    const size_t others = stream_excess_ - inbox.parsed_excess;
+    return allowed > others ? allowed - others : 0;
+  }
+  void StreamExcessReleased(size_t parsed_excess) override { stream_excess_ -= parsed_excess; }
+
   // Adds to `held` what `payload` will take once parsed beyond its own bytes. A request that
   // would take more beyond them than the connection may hold in all (its budget, else the
   // server's) is refused with RESOURCE_EXHAUSTED (false): it could only be held by going past
@@ -1113,6 +1125,9 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
   uint32_t last_method_id_ = 0;     // the method of the last request (see FindMethod)
   const ServerCore::HostedMethod* last_hosted_ = nullptr;
   size_t held_bytes_ = 0;  // request bytes of the running calls
+  // StreamInbox::parsed_excess over this connection's streams (StreamParsedAllowance): also in
+  // held_bytes_, but that is paused on, not refused on, and its handlers may all hold at once.
+  size_t stream_excess_ = 0;
   uint64_t started_ = 0, finished_ = 0, activity_seen_ = 0;
   // REQUEST and CANCEL frames received (OnCancel): a caller cancels only what it requested.
   uint64_t requests_ = 0, cancels_ = 0;
@@ -1223,7 +1238,7 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   if (in.messages.empty()) return in.ended ? StreamTry::kOver : StreamTry::kWait;
   const size_t bytes = in.messages.FrontSize();
   size_t excess = 0;
-  const size_t allowed = call_.sink()->ParsedAllowance();
+  const size_t allowed = call_.sink()->StreamParsedAllowance(in);
   const StreamQueue::Popped popped = in.messages.PopInto(out, allowed, &excess);
   const size_t cost = kFrameHeaderBytes + bytes;
   in.buffered -= cost;
@@ -1233,9 +1248,10 @@ StreamTry ServerStream::TryRead(google::protobuf::MessageLite& out) {
   if (popped == StreamQueue::Popped::kParsed) [[likely]]
     return StreamTry::kDone;
   if (popped == StreamQueue::Popped::kTooLarge) {
-    error_ =
-        Status(StatusCode::kResourceExhausted,
-               ParsedTooLargeText("stream message", bytes, excess, allowed, kParsedAllowanceIs));
+    const bool shared = allowed < call_.sink()->ParsedAllowance();
+    error_ = Status(StatusCode::kResourceExhausted,
+                    ParsedTooLargeText("stream message", bytes, excess, allowed,
+                                       shared ? kStreamAllowanceIs : kParsedAllowanceIs));
   } else {
     error_ = Status(StatusCode::kInvalidArgument,
                     "stream message does not parse as " + out.GetTypeName());

@@ -59,7 +59,8 @@ struct ServerOptions {
   // with many small or unknown fields, and refused with RESOURCE_EXHAUSTED before it is parsed
   // when that is more than this beyond its bytes -- or than max_buffered_bytes, when this is
   // 0; a client-stream message likewise when its handler reads it, counted until its next read
-  // or the call's end) plus the
+  // or the call's end, the messages all the connection's handlers hold together within that
+  // bound) plus the
   // replies (and PONGs, and error answers) queued for it that it has not taken yet. Over this,
   // the server stops reading from that client (TCP: its socket; RDMA: no ring credit goes back)
   // until the figure falls to half: backpressure, not unbounded memory, and never a lost call.

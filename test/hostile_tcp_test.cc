@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -1435,6 +1436,60 @@ TEST_CASE("client-stream messages of many small fields count what they take pars
     });
     CHECK(code == int(StatusCode::kResourceExhausted));
     CHECK_THAT(text, Catch::Contains("stream message of 204800 bytes would take about"));
+    close(fd);
+    CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 10000ms));
+  }  // Each handler holds the message it read last, so a client with many streams could make the
+  // server hold one such message per stream at once, each within the allowance: messages that
+  // queued while their handlers were busy (reading from the client pauses only at the budget,
+  // counted in wire bytes, ~60 such messages here) are parsed as the handlers come to read
+  // them. The allowance is the connection's, shared by its streams.
+  SECTION("many streams together hold no more than one may") {
+    ServerOptions o{.io_threads = 1};
+    o.max_buffered_bytes_per_connection = 12u << 20;
+    TestServer ts("tcp://127.0.0.1:0", o);
+    const int fd = RawClient(PortOf(ts.uri));
+    constexpr uint64_t kStreams = 6;
+    std::string opening;
+    for (uint64_t id = 1; id <= kStreams; ++id) {
+      opening += OpenStream(id, upload, kRequestFlagClientStream, {{"mode", "delay:300"}}) +
+                 StreamMessage(id, fields);
+    }
+    REQUIRE(SendAll(fd, opening));
+    std::map<uint64_t, int> codes;
+    std::string refusal;
+    size_t held_at_refusals = 0;
+    ReadFrames(fd, 20000ms, [&](const DecodedFrame& f) {
+      if (f.header.type != FrameType::kResponse) return false;
+      codes[f.header.call_id] = int(f.header.status);
+      if (f.header.status != 0) refusal = PayloadOf(f);
+      if (codes.size() == kStreams - 1) {
+        // The one left is the stream whose handler holds its message: it ends when it
+        // half-closes.
+        held_at_refusals = ts.server.buffered_bytes();
+        for (uint64_t id = 1; id <= kStreams; ++id) {
+          if (!codes.count(id)) SendAll(fd, StreamMessage(id, "", kStreamFlagEnd));
+        }
+      }
+      return codes.size() == kStreams;
+    });
+    // (Without refusals no stream ends: what the server holds with every handler holding.)
+    if (codes.size() < kStreams - 1) held_at_refusals = ts.server.buffered_bytes();
+    int ok = 0, exhausted = 0;
+    for (const auto& [id, code] : codes) {
+      ok += code == 0;
+      exhausted += code == int(StatusCode::kResourceExhausted);
+    }
+    std::printf(
+        "%d client streams of ~8 MiB parsed each, 12 MiB budget: %d read, %d refused; "
+        "the server held %zu KiB meanwhile\n",
+        int(kStreams), ok, exhausted, held_at_refusals >> 10);
+    INFO(refusal);
+    CHECK(ok == 1);
+    CHECK(exhausted == int(kStreams) - 1);
+    CHECK_THAT(refusal, Catch::Contains("stream message of 204800 bytes would take about") &&
+                            Catch::Contains("besides what messages its other streams"));
+    CHECK(held_at_refusals > (4u << 20));
+    CHECK(held_at_refusals < (12u << 20) + (1u << 20));
     close(fd);
     CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 10000ms));
   }

@@ -48,6 +48,8 @@ class ScriptedSink final : public CallSink {
   }
   void StreamMessageTaken(uint64_t, StreamInbox&, size_t, size_t) override {}
   size_t ParsedAllowance() const override { return SIZE_MAX; }
+  size_t StreamParsedAllowance(const StreamInbox&) const override { return SIZE_MAX; }
+  void StreamExcessReleased(size_t) override {}
   bool OverBudget() override { return false; }
   const transport::Executor& executor() const override { return executor_; }
 

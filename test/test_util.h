@@ -81,6 +81,7 @@ class TestServiceImpl final : public TestService::Service {
     bool stall = false;
     uint64_t stop_after = 0;  // 0 = never
     uint64_t probe_at = 0;    // Count: see probe_ran_after (0 = no probe)
+    uint64_t delay_ms = 0;    // Upload: wait this long before reading ("delay:MS")
   };
   static StreamMode ModeOf(const ServerContext& ctx) {
     StreamMode mode;
@@ -88,6 +89,7 @@ class TestServiceImpl final : public TestService::Service {
       if (*m == "stall") mode.stall = true;
       if (m->rfind("probe:", 0) == 0) mode.probe_at = std::stoull(m->substr(6));
       if (m->rfind("stop-after:", 0) == 0) mode.stop_after = std::stoull(m->substr(11));
+      if (m->rfind("delay:", 0) == 0) mode.delay_ms = std::stoull(m->substr(6));
     }
     return mode;
   }
@@ -220,6 +222,11 @@ class TestServiceImpl final : public TestService::Service {
     Running running(client_streams_running);
     const StreamMode mode = ModeOf(ctx);
     if (mode.stall) co_return co_await StallUntilCancelled(ctx);
+    if (mode.delay_ms) {  // a handler busy before it reads: messages queue meanwhile
+      boost::asio::steady_timer t(co_await boost::asio::this_coro::executor,
+                                  std::chrono::milliseconds(mode.delay_ms));
+      co_await t.async_wait(boost::asio::use_awaitable);
+    }
     // Read into one reused message (Chat below reads the other form, a new message each).
     EchoRequest m;
     while (co_await reader.Read(m)) {

@@ -164,9 +164,16 @@ class CallSink {
   // parsed beyond its bytes, counted in place of the last one's (StreamInbox::parsed_excess).
   virtual void StreamMessageTaken(uint64_t call_id, StreamInbox& inbox, size_t bytes,
                                   size_t parsed_excess) = 0;
-  // The most a request or client-stream message may take parsed beyond its own bytes (many
-  // small or unknown fields): more is refused unparsed (RESOURCE_EXHAUSTED).
+  // The most a request may take parsed beyond its own bytes (many small or unknown fields):
+  // more is refused unparsed (RESOURCE_EXHAUSTED).
   virtual size_t ParsedAllowance() const = 0;
+  // The same for the next client-stream message of `inbox`: less what the messages the
+  // connection's other streams' handlers hold parsed take beyond theirs, so that many streams
+  // together hold no more than one may (each handler holds the message it read last).
+  virtual size_t StreamParsedAllowance(const StreamInbox& inbox) const = 0;
+  // A stream's call ended while its handler held a message read (StreamInbox::parsed_excess):
+  // that excess no longer counts against the connection's streams (ServerCall::End).
+  virtual void StreamExcessReleased(size_t parsed_excess) = 0;
   // Server streams: the connection holds more than its memory budget (replies its client has
   // not taken): a writer waits, whatever stream credit it has, until the connection wakes it
   // (CancelHook::WakeWriter) below half the budget. Stream credit alone does not bound what is
@@ -264,6 +271,7 @@ class ServerCall {
     if (hook_.inbox) {
       held += hook_.inbox->buffered + hook_.inbox->messages.size() * kStreamMessageHeldBytes +
               hook_.inbox->parsed_excess;
+      if (hook_.inbox->parsed_excess) sink.StreamExcessReleased(hook_.inbox->parsed_excess);
       hook_.inbox->buffered = 0;
       hook_.inbox->parsed_excess = 0;
       hook_.inbox->messages.Clear();
