@@ -218,6 +218,7 @@ class Walker {
   }
 
   size_t total() const { return total_; }
+  bool too_deep() const { return too_deep_; }
 
  private:
   // An unknown field's entry, and with a message's first one the set that keeps them.
@@ -230,11 +231,6 @@ class Walker {
     size_t cost;
     total_ += k.TakesScalar(wire, &cost) ? cost : Unknown(unknown_seen);
   }
-
- public:
-  bool too_deep() const { return too_deep_; }
-
- private:
   bool Varint(const uint8_t* end, uint64_t* out) {
     if (p_ < end && *p_ < 0x80) [[likely]] {  // tags and small values: one byte
       *out = *p_++;

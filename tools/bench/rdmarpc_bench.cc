@@ -109,9 +109,9 @@ constexpr char kUsage[] =
     "  --log-level LEVEL    trace|debug|info|warn|error|off (default $RDMARPC_LOG_LEVEL or warn)\n"
     "Server only, as in the sample servers (echo_server --help): --max-connections,\n"
     "  --max-connections-per-peer (here 0, no limit, by default: a benchmark's clients\n"
-    "  share one address, e.g. --idle-connections 10000), --max-concurrent-calls, "
-    "--max-buffered-bytes, --idle-timeout-ms, --keepalive-ms,\n"
-    "  --keepalive-timeout-ms, --shutdown-grace-ms, --access-log, --metrics-listen HOST:PORT.\n"
+    "  share one address, e.g. --idle-connections 10000), --max-concurrent-calls,\n"
+    "  --max-buffered-bytes, --idle-timeout-ms, --keepalive-ms, --keepalive-timeout-ms,\n"
+    "  --shutdown-grace-ms, --access-log, --metrics-listen HOST:PORT.\n"
     "  --json               one JSON object on stdout instead of text\n"
     "  --quiet              no progress lines\n"
     "Exit codes: 0 done, 1 calls failed or could not connect, 2 bad arguments.\n";
