@@ -11,6 +11,7 @@
 // wait for room). Also the CQ arming the transport does with its own kernel command.
 #include <arpa/inet.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -1312,11 +1313,14 @@ TEST_CASE(
   CHECK(passed);
 }
 
-// ThreadDevice arms CQs on rxe by writing the kernel's command itself (ArmByKernelCommand): the
-// whole VM suite runs on that path (every wake-up in adaptive and events mode re-arms), where a
-// CQ armed wrongly would leave calls waiting for an event that never comes. This checks that the
-// path is the one chosen here, and that the kernel reads the command rather than ignoring it: a
-// valid CQ is armed, a handle that names no CQ is refused.
+// ThreadDevice arms CQs on rxe by writing the kernel's command itself (ArmByKernelCommand), and
+// reads their events itself (ReadCqEvent): the whole VM suite runs on that path (every wake-up
+// in adaptive and events mode reads an event and re-arms; rdma_vm_test.sh runs the core RPC
+// tests in pure events mode too), where a CQ armed wrongly would leave calls waiting for an
+// event that never comes, and an event read wrongly would name no CQ of ours. This checks that
+// the path is the one chosen here, that an empty channel reads as such, and that the kernel
+// reads the command rather than ignoring it: a valid CQ is armed, a handle that names no CQ is
+// refused.
 TEST_CASE("CQs on rxe are armed by the kernel command written directly", "[rdma][events]") {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
@@ -1331,6 +1335,11 @@ TEST_CASE("CQs on rxe are armed by the kernel command written directly", "[rdma]
   REQUIRE(channel != nullptr);
   ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, channel, 0);
   REQUIRE(cq != nullptr);
+  // Events are read directly as well; with none there, a non-blocking read says so.
+  REQUIRE(fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK) == 0);
+  errno = 0;
+  CHECK(transport::rdma::ReadCqEvent(channel) == nullptr);
+  CHECK(errno == EAGAIN);
   CHECK(transport::rdma::ArmByKernelCommand(cq));
   CHECK(transport::rdma::ArmByKernelCommand(cq));  // armed again before any event: allowed
   ibv_cq stranger = *cq;

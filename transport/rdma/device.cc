@@ -36,6 +36,14 @@ bool ArmByKernelCommand(ibv_cq* cq) {
   return ::syscall(SYS_write, cq->context->cmd_fd, &req, sizeof(req)) == long{sizeof(req)};
 }
 
+ibv_cq* ReadCqEvent(ibv_comp_channel* channel) {
+  // What ibv_get_cq_event reads: the kernel writes the CQ's user handle, which libibverbs set
+  // to the ibv_cq's address when it created the CQ. A raw system call, as in ArmByKernelCommand.
+  ib_uverbs_comp_event_desc event;
+  if (::syscall(SYS_read, channel->fd, &event, sizeof event) != long{sizeof event}) return nullptr;
+  return reinterpret_cast<ibv_cq*>(static_cast<uintptr_t>(event.cq_handle));
+}
+
 bool ArmsThroughKernel(ibv_context* verbs) {
   // ibv_req_notify_cq calls the context's op; libibverbs' kernel command is a private symbol,
   // looked up by name so that nothing links against its version.
@@ -354,9 +362,7 @@ void ThreadDevice::TakeEventsAndRearm() {
     // than left to the loops below, whose counting and walking of the CQ list cost ~30
     // instructions per wake-up more even with one entry (callgrind in the VM, both sides).
     CqSlot& slot = *cqs_.front();
-    ibv_cq* cq;
-    void* ctx;
-    if (slot.armed && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) TookEvent(slot);
+    if (slot.armed && NextEvent() != nullptr) TookEvent(slot);
     if (slot.evented && !slot.armed) slot.armed = ArmCq(slot.cq.get());
     return;
   }
@@ -366,11 +372,11 @@ void ThreadDevice::TakeEventsAndRearm() {
   // system call per wake-up that never returned anything when one CQ serves the thread.
   size_t armed = 0;
   for (auto& slot : cqs_) armed += slot->armed;
-  ibv_cq* cq;
-  void* ctx;
-  while (armed > 0 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+  while (armed > 0) {
+    ibv_cq* cq = NextEvent();
+    if (cq == nullptr) break;
     // Each CQ's context is its slot (AcquireCq).
-    auto& slot = *static_cast<CqSlot*>(ctx);
+    auto& slot = *static_cast<CqSlot*>(cq->cq_context);
     armed -= slot.armed;
     TookEvent(slot);
   }
@@ -387,6 +393,14 @@ void ThreadDevice::TookEvent(CqSlot& slot) {
     ibv_ack_cq_events(slot.cq.get(), slot.unacked);
     slot.unacked = 0;
   }
+}
+
+ibv_cq* ThreadDevice::NextEvent() {
+  if (direct_arm_) [[likely]]
+    return ReadCqEvent(channel_.get());
+  ibv_cq* cq;
+  void* ctx;
+  return ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0 ? cq : nullptr;
 }
 
 bool ThreadDevice::ArmCq(ibv_cq* cq) {

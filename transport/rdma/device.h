@@ -40,9 +40,17 @@ class CompletionSink {
 // kernel refused it.
 bool ArmByKernelCommand(ibv_cq* cq);
 
-// Whether `verbs`'s provider arms CQs with libibverbs' kernel command (rxe and siw do; hardware
+// The CQ whose event comes next on `channel` (non-blocking), read by a raw read() of the
+// descriptor: ibv_get_cq_event without the provider's cq_event hook, which only providers that
+// arm CQs in user space have (to count arms), so only for those that arm through the kernel
+// (ArmsThroughKernel). Null, errno set, when no event is there (EAGAIN) or the read failed. The
+// event must still be acknowledged (ibv_ack_cq_events) before the CQ is destroyed.
+ibv_cq* ReadCqEvent(ibv_comp_channel* channel);
+
+// Whether `verbs`'s provider arms CQs with libibverbs' kernel command, as is (rxe does; hardware
 // providers such as mlx5 ring a doorbell from user space), so that ArmByKernelCommand may stand
-// in for ibv_req_notify_cq. False when RDMARPC_NO_DIRECT_ARM is set.
+// in for ibv_req_notify_cq and ReadCqEvent for ibv_get_cq_event. False when
+// RDMARPC_NO_DIRECT_ARM is set.
 bool ArmsThroughKernel(ibv_context* verbs);
 
 // Per I/O thread and device: the PD, one completion channel whose fd the thread's Poller watches
@@ -54,7 +62,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
  public:
   struct CqSlot {
     Cq cq;
-    unsigned unacked = 0;  // events taken with ibv_get_cq_event but not yet acknowledged
+    unsigned unacked = 0;  // events read (NextEvent) but not yet acknowledged
     unsigned conns = 0;
     bool evented = false;
     // Armed with ibv_req_notify_cq and its event not read yet. A CQ raises at most one event
@@ -179,6 +187,11 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // on each side in the VM's profile, against ~30). Should the kernel refuse the direct command,
   // libibverbs' way from then on.
   bool ArmCq(ibv_cq* cq);
+  // The CQ of the channel's next event, or null when none is there (non-blocking): by
+  // ReadCqEvent where ArmCq writes the kernel's command (~50 instructions per wake-up on each
+  // side less than ibv_get_cq_event and glibc's read(), a cancellation point), else by
+  // ibv_get_cq_event.
+  ibv_cq* NextEvent();
   // Sleep's rare case, out of line: the channel reported events while the thread was busy.
   void TakeReportedLater();
 
@@ -235,7 +248,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
 
   Executor ex_;
   ibv_context* verbs_;
-  bool direct_arm_;  // ArmCq writes the kernel's command itself
+  bool direct_arm_;  // ArmCq writes the kernel's command itself; NextEvent reads events itself
   // Declaration order is destruction order reversed: CQs and SRQ before the channel and the PD.
   Pd pd_;
   CompChannel channel_;
