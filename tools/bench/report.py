@@ -52,7 +52,37 @@ def latency_target_row(rdma, label, q, mode, size, target):
 # How this run was made and what it showed. With each new run this paragraph becomes
 # PREVIOUS_RUN, and PREVIOUS_RUN the head of EARLIER_RUNS (both go to docs/bench/HISTORY.md).
 RUN_NOTE = (
-    "This run (2026-12-07, forty-sixth session, on fef9a8b's code: since the run before, RDMA "
+    "This run (2026-12-07, forty-seventh session, on d4c3260's code: since the run before, "
+    "RDMA completion events read by a raw read() of the channel where CQs are armed by the "
+    "kernel command (d4c3260), and client-stream messages' parsed-size allowance shared by a "
+    "connection's streams (f6a29c8)): one run_all.sh from start to end, `bash "
+    "tools/bench/run_all.sh` (33 minutes), on the Intel Xeon host of the run before (the raw "
+    "ping-pong's 64 B p50 70.1-81.4 us; ib_write_lat 64 B in the guest 31.5-66.8 us). "
+    "Instructions per call over rdma:// 3,105 / 2,839 (server / client; 3,163 / 2,908 in the "
+    "run before: the direct event read), still 605 and 339 over the 2,500 target; over TCP "
+    "2,359 / 2,088. The RDMA latency targets, as the median of three interleaved rounds: "
+    "busy-poll 64 B 1.81x ib_write_lat (rounds 1.65x / 1.81x / 2.13x; 1.59x in the run "
+    "before), adaptive 64 B 1.65x (1.65x / 1.52x / 3.20x; 1.72x), busy-poll 4 KiB 1.33x "
+    "(1.33x / 1.06x / 1.49x; 1.60x): none met; ib_write_lat itself moved 2x between this "
+    "boot's rounds. 1 MiB one way 84.7% of ib_write_bw, under the 90% target for the first "
+    "time since the rendezvous path (91.6%, 102.7% and 110.6% in the three runs before), "
+    "with ib_write_bw at 35.4 MB/s where it had measured 27.3: by hand in another boot "
+    "(2026-12-07, the same binaries, `ib_write_bw -s 1048576 -n 500` and `rdmarpc_bench "
+    "--request-bytes 1048576 --response-bytes 0 --depth 4 --duration 5 --warmup 1` in each "
+    "polling mode, 3 interleaved rounds) the best mode was at 107% / 100% / 114% (ib_write_bw "
+    "25.4-27.2 MB/s, busy-poll 25.9-29.1, adaptive 22.4-27.5, events 23.7-25.0), so this "
+    "row is not counted as lost, nor as met in this run. Idle server CPU in adaptive mode "
+    "0.10%. TCP 64 B 1.14x the raw ping-pong, depth 32 11.48x gRPC C++, 1 MiB 1.35x. Pinned "
+    "per idle RDMA connection 32.6 / 32.3 / 32.0 KiB at 100 / 1,000 / 10,000 connections; "
+    "10,000 connections held. Metrics on cost +150 / +104 instructions per call over TCP and "
+    "+149 / +108 over rdma://; timed, over TCP depth-1 p50 1.000x and depth-32 calls/s 0.958x "
+    "against a control of 0.995x and 0.990x; over rdma:// in the VM (busy-poll, 64 B, 8 "
+    "rounds) depth-1 p50 1.095x (control 1.098x) and depth-32 calls/s 0.908x (control "
+    "1.052x; single rounds 0.80x-1.26x)."
+    '\n\nEarlier runs, and every cut to the call path with its figures: [bench/HISTORY.md](bench/HISTORY.md).')
+
+PREVIOUS_RUN = (
+    "The run before (2026-12-07, forty-sixth session, on fef9a8b's code: since the run before, RDMA "
     'completion queues of providers that arm them through the kernel (rxe) re-armed by '
     "writing the kernel's command directly (fef9a8b), and a default of 256 connections per client address (ff433b5; rdmarpc_bench's server keeps none); besides, the thirty-ninth to forty-fifth "
     "sessions' hardening (bounds on what a peer can make the server hold, each measured in "
@@ -76,11 +106,11 @@ RUN_NOTE = (
     '1.025x and depth-32 calls/s 0.969x against a control of 0.953x and 1.019x; over rdma:// '
     'in the VM (busy-poll, 64 B, 8 rounds) depth-1 p50 1.071x (4 of 8 rounds above 1; control '
     '1.031x) and depth-32 calls/s 1.030x (control 1.095x): the timed rows are within this '
-    "boot's noise."
-    '\n\nEarlier runs, and every cut to the call path with its figures: [bench/HISTORY.md](bench/HISTORY.md).')
+    "boot's noise.")
 
-PREVIOUS_RUN = (
-    'The run before (2026-12-06, thirty-eighth session, on 261243f: since the run before, '
+# The notes of earlier runs, oldest last (what each run changed and what it measured).
+EARLIER_RUNS = (
+    'The run before that (2026-12-06, thirty-eighth session, on 261243f: since the run before, '
     'RDMA busy-poll and adaptive spinning poll the completion queues in bursts of up to 20 us '
     'instead of 16 polls (a3d6c1d), a burst ending early when another thread posts work to '
     'the loop (261243f), plus `rdmarpc_bench --blocking` and a test-only counter in '
@@ -104,11 +134,8 @@ PREVIOUS_RUN = (
     '+104 instructions per call over TCP and +149 / +111 over rdma://; timed, over TCP '
     'depth-1 p50 1.008x and depth-32 calls/s 0.994x against a control of 1.004x and 0.981x; '
     'over rdma:// in the VM (busy-poll, 64 B, 8 rounds) depth-1 p50 1.026x (7 of 8 rounds '
-    'above 1; control 0.982x) and depth-32 calls/s 0.967x (2 of 8 above 1; control 1.019x).')
-
-# The notes of earlier runs, oldest last (what each run changed and what it measured).
-EARLIER_RUNS = (
-    'The run before that (2026-12-06, thirty-seventh session, on 57b25a4: since the run '
+    'above 1; control 0.982x) and depth-32 calls/s 0.967x (2 of 8 above 1; control 1.019x). '
+    'Before that (2026-12-06, thirty-seventh session, on 57b25a4: since the run '
     'before, RDMA connections hold their send staging buffer only while they send -- taken at '
     'the first record, given back after a quiet second or two (165b480, 86a5282) -- and '
     "rdmarpc_bench --idle-connections measures memory once both sides' pinned memory has "
@@ -427,7 +454,8 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '',
     "A cut over rdma:// (2026-12-07, forty-sixth session, fef9a8b): CQs of a provider that arms them through the kernel (rxe, siw) are re-armed by writing the kernel's REQ_NOTIFY_CQ command ourselves, one raw write() on the context's command descriptor, where libibverbs marshals the same command into an ioctl (ibv_cmd_req_notify_cq, execute_ioctl and a helper: ~215 instructions per wake-up). By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 51d4ac8's bench binary and fef9a8b's: client 3,115 -> 2,907, server 3,369 -> 3,165 (epoll_wait 1.05 per call in both). Timed in the same kind of boot (3 interleaved rounds of 3 s, 64 B, fresh server each): events-mode p50 798.7 / 757.8 / 553.0 us against 749.6 / 675.8 / 692.2 us, adaptive 85.5 / 108.0 / 90.6 against 105.0 / 97.8 / 62.7 us: within the boot's noise either way. Not on a hardware provider's path (mlx5 arms a CQ with a doorbell from user space).",
     '',
-    "A small cost (2026-12-07, forty-sixth session, f6a29c8): client-stream messages' parsed-size allowance shared by a connection's streams (docs/RELIABILITY.md): one branch more where a call that had a stream ends, and the stream read's allowance asked of the connection as before. `callgrind_pair`, 64 B over TCP, fef9a8b's bench binary and f6a29c8's on the same machine in one hour: server 2,351 -> 2,359 (0.98 and 1.00 sleeps per call), client 2,088 -> 2,088; per function, all of the server's +9 is an `awaitable<Status>` destructor in the handler loop that GCC now compiles with 9 instructions more (as in the fortieth session's entry above), nothing on the new path itself. With `--metrics`: 2,510 / 2,193."]
+    "A small cost (2026-12-07, forty-sixth session, f6a29c8): client-stream messages' parsed-size allowance shared by a connection's streams (docs/RELIABILITY.md): one branch more where a call that had a stream ends, and the stream read's allowance asked of the connection as before. `callgrind_pair`, 64 B over TCP, fef9a8b's bench binary and f6a29c8's on the same machine in one hour: server 2,351 -> 2,359 (0.98 and 1.00 sleeps per call), client 2,088 -> 2,088; per function, all of the server's +9 is an `awaitable<Status>` destructor in the handler loop that GCC now compiles with 9 instructions more (as in the fortieth session's entry above), nothing on the new path itself. With `--metrics`: 2,510 / 2,193.",
+    "A cut over rdma:// (2026-12-07, forty-seventh session, d4c3260): where CQs are armed by the kernel command (rxe, above), the completion channel's events are read by one raw read() of the channel's descriptor instead of ibv_get_cq_event, whose only other work is the provider's cq_event hook (empty for providers that arm through the kernel), and without glibc's read(), a cancellation point. By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 9c15343's bench binary and d4c3260's: client 2,906 -> 2,841, server 3,170 -> 3,106 (1.04-1.05 wake-ups per call in both); per function on the client, ibv_get_cq_event (32), read (22) and a pair of cancellation wrappers (30) gone, NextEvent (17) and syscall (+11) new. Tried in the same session and not kept: writes posted through libibverbs' work-request builder (ibv_wr_start, ibv_wr_rdma_write_imm, ibv_wr_set_inline_data, ibv_wr_complete on a QP made by rdma_create_qp_ex) instead of ibv_post_send: rxe's builder costs ~154 instructions per write where its ibv_post_send costs ~181, and the connection's write grew by ~49 (the signalling logic inlined twice, the builder's calls through function pointers): client 2,840 -> 2,829, server 3,103 -> 3,092 in one boot, -11 per side, not worth a second send path."]
 
 
 
@@ -781,10 +809,13 @@ def main():
       "side, part of which a hardware provider would not spend (mlx5, for one, rings the "
       "doorbell and re-arms a CQ with stores, no system call). Since 2026-12-07 (fef9a8b) "
       "rdmarpc writes the re-arm's kernel command itself (~30 instructions where libibverbs' "
-      "ioctl marshalling of it took ~215), so libibverbs is down to ~35 per side (the event "
-      "read); the rest, ~420 per side (the post and its write(), the CQ poll, the receives "
-      "reposted, the event's read()), rdmarpc cannot remove while it posts one write per "
-      "message and, in events mode, sleeps on the completion channel. "
+      "ioctl marshalling of it took ~215), and since d4c3260 reads the channel's events "
+      "itself (a raw read() of 8 bytes: ~65 per side less than ibv_get_cq_event and glibc's "
+      "read()), so libibverbs does no work per call on this path any more; the rest, ~350 per "
+      "side (librxe's post, ~180, and its write() with glibc's cancellation wrapper around it, "
+      "its CQ poll, ~60, and receives reposted, ~55, plus the two system calls of events "
+      "mode), rdmarpc cannot remove while it posts one write per message and, in events mode, "
+      "sleeps on the completion channel. "
       "The steps taken so far, with their figures: \"CPU cuts, step by step\" in "
       "[bench/HISTORY.md](bench/HISTORY.md).")
     w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
