@@ -188,7 +188,7 @@ class ThreadDevice : public std::enable_shared_from_this<ThreadDevice> {
   // libibverbs' way from then on.
   bool ArmCq(ibv_cq* cq);
   // The CQ of the channel's next event, or null when none is there (non-blocking): by
-  // ReadCqEvent where ArmCq writes the kernel's command (~50 instructions per wake-up on each
+  // ReadCqEvent where ArmCq writes the kernel's command (~65 instructions per wake-up on each
   // side less than ibv_get_cq_event and glibc's read(), a cancellation point), else by
   // ibv_get_cq_event.
   ibv_cq* NextEvent();
