@@ -1438,7 +1438,8 @@ TEST_CASE("client-stream messages of many small fields count what they take pars
     CHECK_THAT(text, Catch::Contains("stream message of 204800 bytes would take about"));
     close(fd);
     CHECK(Eventually([&] { return ts.server.buffered_bytes() == 0; }, 10000ms));
-  }  // Each handler holds the message it read last, so a client with many streams could make the
+  }
+  // Each handler holds the message it read last, so a client with many streams could make the
   // server hold one such message per stream at once, each within the allowance: messages that
   // queued while their handlers were busy (reading from the client pauses only at the budget,
   // counted in wire bytes, ~60 such messages here) are parsed as the handlers come to read
