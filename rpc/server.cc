@@ -54,6 +54,12 @@ constexpr std::string_view kStreamAllowanceIs =
 
 class ServerConnection;
 
+Status HandlerThrew(const char* what) {
+  if (what == nullptr)
+    return Status(StatusCode::kInternal, "handler threw a non-standard exception");
+  return Status(StatusCode::kInternal, std::string("handler threw: ") + what);
+}
+
 // The coroutines that run calls' handlers on one I/O thread, kept from call to call. Starting a
 // call in an idle one is a resumption; a co_spawn per call cost a new coroutine thread, a
 // dispatch to start it and a post to finish it (about a quarter of the server's work on a
@@ -117,9 +123,9 @@ class HandlerPool {
         try {
           status = co_await job->Begin(&r->cancel);
         } catch (const std::exception& e) {
-          status = Status(StatusCode::kInternal, std::string("handler threw: ") + e.what());
+          status = HandlerThrew(e.what());
         } catch (...) {
-          status = Status(StatusCode::kInternal, "handler threw a non-standard exception");
+          status = HandlerThrew(nullptr);
         }
         job->Finish(std::move(status));
       }  // the call's state goes before the runner waits for the next
@@ -1021,8 +1027,15 @@ class ServerConnection final : public FrameEndpoint<ServerConnection>,
     ++started_;
     held_bytes_ += held;
     // The context is built in the call (moving it in from here cost ~50 instructions per call).
-    ServerCall call(shared_from_this(), f.header.call_id, held, peer_, entry->info.full_name,
-                    deadline, std::move(md));
+    // An inline handler's call ends before Start returns, while the transport's handler slot
+    // still holds this connection (its close notice is always posted, transport/handler_slot.h),
+    // so the call holds the connection and its peer string without owning them: no reference
+    // counts to raise and drop (~70 instructions per call). A coroutine's call may outlive
+    // both, and owns them.
+    const bool ends_inline = entry->handler->runs_inline();
+    ServerCall call(ends_inline ? Unowned(static_cast<CallSink*>(this)) : shared_from_this(),
+                    f.header.call_id, held, ends_inline ? Unowned(peer_.get()) : peer_,
+                    entry->info.full_name, deadline, std::move(md));
     ContextAccess::CountReceived(call.context(), f.payload.size());
     if (hosted.observed) [[unlikely]] {
       if (hosted.stats) hosted.stats->Started();

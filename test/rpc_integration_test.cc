@@ -395,6 +395,86 @@ TEST_CASE("a throwing handler gives INTERNAL and the server keeps serving", "[rp
   CHECK(r->payload() == "still here");
 }
 
+TEST_CASE("inline handlers answer calls, errors and throws, among coroutine handlers' calls",
+          "[rpc][core][inline]") {
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  TestServer ts(listen, ServerOptions{.io_threads = 1});
+  struct Seen {
+    int inline_good = 0, coroutine_good = 0;
+    StatusCode fail = StatusCode::kOk, thrown = StatusCode::kOk, unserved = StatusCode::kOk;
+    std::string fail_message, thrown_message, meta;
+    int64_t budget_ms = 0;
+    bool after_throw = false;
+  };
+  const Seen seen = RunLoop([&]() -> asio::awaitable<Seen> {
+    auto ch = co_await MustConnect(ts.uri);
+    TestService::Stub stub(ch);
+    Seen s;
+    // 500 at once, inline and coroutine handlers interleaved on one connection: each gets its
+    // own reply.
+    auto ex = co_await asio::this_coro::executor;
+    int done = 0;
+    asio::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
+    for (int i = 0; i < 500; ++i) {
+      asio::co_spawn(
+          ex,
+          [&, i]() -> asio::awaitable<void> {
+            EchoRequest req;
+            req.set_seq(i);
+            req.set_payload(Pattern(64 + i, i));
+            EchoReply reply;
+            Status st;
+            if (i % 2 == 0) {
+              st = co_await stub.EchoInline(req, reply);
+            } else {
+              st = co_await stub.Echo(req, reply);
+            }
+            const bool good =
+                st.ok() && reply.seq() == uint64_t(i) && reply.payload() == Pattern(64 + i, i);
+            if (good) ++(i % 2 == 0 ? s.inline_good : s.coroutine_good);
+            if (++done == 500) all_done.cancel();
+          },
+          asio::detached);
+    }
+    co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+    // The context: metadata and the deadline's budget.
+    EchoRequest req;
+    EchoReply reply;
+    CallOptions o{.timeout = 20s};
+    o.metadata.push_back({"echo-meta", "m1"});
+    if ((co_await stub.EchoInline(req, reply, o)).ok()) {
+      s.meta = reply.meta();
+      s.budget_ms = reply.budget_ms();
+    }
+    FailRequest fail;
+    fail.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
+    fail.set_message("no such key");
+    auto r = co_await stub.FailInline(fail);
+    s.fail = r.status().code();
+    s.fail_message = r.status().message();
+    fail.set_code(0xFFFF);  // throws
+    r = co_await stub.FailInline(fail);
+    s.thrown = r.status().code();
+    s.thrown_message = r.status().message();
+    s.unserved = (co_await stub.InlineUnserved(google::protobuf::Empty())).status().code();
+    req.set_payload("after");
+    s.after_throw = (co_await stub.EchoInline(req, reply)).ok() && reply.payload() == "after";
+    co_return s;
+  }());
+  CHECK(seen.inline_good == 250);
+  CHECK(seen.coroutine_good == 250);
+  CHECK(seen.meta == "m1");
+  CHECK(seen.budget_ms > 10000);
+  CHECK(seen.budget_ms <= 20000);
+  CHECK(seen.fail == StatusCode::kNotFound);
+  CHECK(seen.fail_message == "no such key");
+  CHECK(seen.thrown == StatusCode::kInternal);
+  CHECK(seen.thrown_message == "handler threw: inline boom");
+  CHECK(seen.unserved == StatusCode::kUnimplemented);
+  CHECK(seen.after_throw);
+}
+
 TEST_CASE("a call past its timeout fails with DEADLINE_EXCEEDED", "[rpc][deadline][core]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);

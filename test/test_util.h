@@ -119,6 +119,9 @@ class TestServiceImpl final : public TestService::Service {
  public:
   boost::asio::awaitable<Status> Echo(ServerContext& ctx, const EchoRequest& req,
                                       EchoReply& reply) override {
+    co_return EchoInline(ctx, req, reply);
+  }
+  Status EchoInline(ServerContext& ctx, const EchoRequest& req, EchoReply& reply) override {
     reply.set_payload(req.payload());
     reply.set_seq(req.seq());
     if (const std::string* m = ctx.FindMetadata("echo-meta")) reply.set_meta(*m);
@@ -127,11 +130,15 @@ class TestServiceImpl final : public TestService::Service {
         ctx.has_deadline()
             ? std::chrono::duration_cast<std::chrono::milliseconds>(ctx.remaining()).count()
             : -1);
-    co_return Status();
+    return Status();
   }
   boost::asio::awaitable<Status> Fail(ServerContext&, const FailRequest& req,
                                       google::protobuf::Empty&) override {
     co_return Status(static_cast<StatusCode>(req.code()), req.message());
+  }
+  Status FailInline(ServerContext&, const FailRequest& req, google::protobuf::Empty&) override {
+    if (req.code() == 0xFFFF) throw std::runtime_error("inline boom");
+    return Status(static_cast<StatusCode>(req.code()), req.message());
   }
   boost::asio::awaitable<Status> Throw(ServerContext&, const google::protobuf::Empty&,
                                        google::protobuf::Empty&) override {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs rdmarpc for builds outside Bazel (CMake, Make, ...): builds it, then puts under PREFIX
 #   include/rdmarpc/rpc/*.h, include/rdmarpc/transport/...   the public headers
+#   include/rdmarpc/rpc/options.proto                       method options (protoc -I that dir)
 #   lib/librdmarpc.a                                        the runtime (rpc and transport layers,
 #                                                           the health service, metrics,
-#                                                           ReadSecretFile)
+#                                                           ReadSecretFile, rpc/options.proto's
+#                                                           messages)
 #   bin/protoc-gen-rdmarpc                                  the protoc plugin
 #   bin/rdmarpc                                             the command-line client
 #   lib/pkgconfig/rdmarpc.pc                                for pkg-config / CMake's pkg_check_modules
@@ -26,7 +28,7 @@ case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 cd "$(dirname "$0")/.."
 
 version=0.1.0
-runtime="//rpc //rpc:health //rpc:metrics //rpc:secret_file //transport"
+runtime="//rpc //rpc:health //rpc:metrics //rpc:options_rdmarpc //rpc:secret_file //transport"
 # Every library of the two layers that the runtime's targets link, asked of Bazel, so that a
 # library added later is not left out (one was, once: the fresh clone's CMake build failed to
 # link). They are built here by name: building the runtime alone does not make their archives
@@ -43,9 +45,13 @@ mkdir -p "$prefix/include/rdmarpc" "$prefix/lib/pkgconfig" "$prefix/bin"
 for h in $(find rpc transport -name '*.h' | sort); do
   install -D -m 644 "$h" "$prefix/include/rdmarpc/$h"
 done
-for h in rpc/health.pb.h rpc/health.rdmarpc.pb.h; do  # generated: the health service's messages
+# Generated: the health service's messages, and rpc/options.proto's (its extension), which the
+# code protoc generates for a .proto file that imports it includes.
+for h in rpc/health.pb.h rpc/health.rdmarpc.pb.h rpc/options.pb.h; do
   install -D -m 644 "$bin/$h" "$prefix/include/rdmarpc/$h"
 done
+# The method options (rpc/options.proto), for protoc -I PREFIX/include/rdmarpc.
+install -D -m 644 rpc/options.proto "$prefix/include/rdmarpc/rpc/options.proto"
 # One archive for both layers (the rpc layer needs the transport layer): the libraries above.
 # Header-only libraries have no archive.
 tmp=$(mktemp -d)

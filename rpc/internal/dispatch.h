@@ -118,6 +118,13 @@ class CallJob {
   // for a later call (unary jobs, see UnaryMethodHandler).
   virtual void Recycle() { delete this; }
 };
+// A shared_ptr to `p` that owns nothing (no control block: copying, moving and destroying it
+// touch no reference count), for what is known to outlive every copy.
+template <class T>
+std::shared_ptr<T> Unowned(T* p) {
+  return std::shared_ptr<T>(std::shared_ptr<void>(), p);
+}
+
 struct RecycleCallJob {
   void operator()(CallJob* job) const { job->Recycle(); }
 };

@@ -455,7 +455,8 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     "A cut over rdma:// (2026-12-07, forty-sixth session, fef9a8b): CQs of a provider that arms them through the kernel (rxe, siw) are re-armed by writing the kernel's REQ_NOTIFY_CQ command ourselves, one raw write() on the context's command descriptor, where libibverbs marshals the same command into an ioctl (ibv_cmd_req_notify_cq, execute_ioctl and a helper: ~215 instructions per wake-up). By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 51d4ac8's bench binary and fef9a8b's: client 3,115 -> 2,907, server 3,369 -> 3,165 (epoll_wait 1.05 per call in both). Timed in the same kind of boot (3 interleaved rounds of 3 s, 64 B, fresh server each): events-mode p50 798.7 / 757.8 / 553.0 us against 749.6 / 675.8 / 692.2 us, adaptive 85.5 / 108.0 / 90.6 against 105.0 / 97.8 / 62.7 us: within the boot's noise either way. Not on a hardware provider's path (mlx5 arms a CQ with a doorbell from user space).",
     '',
     "A small cost (2026-12-07, forty-sixth session, f6a29c8): client-stream messages' parsed-size allowance shared by a connection's streams (docs/RELIABILITY.md): one branch more where a call that had a stream ends, and the stream read's allowance asked of the connection as before. `callgrind_pair`, 64 B over TCP, fef9a8b's bench binary and f6a29c8's on the same machine in one hour: server 2,351 -> 2,359 (0.98 and 1.00 sleeps per call), client 2,088 -> 2,088; per function, all of the server's +9 is an `awaitable<Status>` destructor in the handler loop that GCC now compiles with 9 instructions more (as in the fortieth session's entry above), nothing on the new path itself. With `--metrics`: 2,510 / 2,193.",
-    "A cut over rdma:// (2026-12-07, forty-seventh session, d4c3260): where CQs are armed by the kernel command (rxe, above), the completion channel's events are read by one raw read() of the channel's descriptor instead of ibv_get_cq_event, whose only other work is the provider's cq_event hook (empty for providers that arm through the kernel), and without glibc's read(), a cancellation point. By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 9c15343's bench binary and d4c3260's: client 2,906 -> 2,841, server 3,170 -> 3,106 (1.04-1.05 wake-ups per call in both); per function on the client, ibv_get_cq_event (32), read (22) and a pair of cancellation wrappers (30) gone, NextEvent (17) and syscall (+11) new. Tried in the same session and not kept: writes posted through libibverbs' work-request builder (ibv_wr_start, ibv_wr_rdma_write_imm, ibv_wr_set_inline_data, ibv_wr_complete on a QP made by rdma_create_qp_ex) instead of ibv_post_send: rxe's builder costs ~154 instructions per write where its ibv_post_send costs ~181, and the connection's write grew by ~49 (the signalling logic inlined twice, the builder's calls through function pointers): client 2,840 -> 2,829, server 3,103 -> 3,092 in one boot, -11 per side, not worth a second send path."]
+    "A cut over rdma:// (2026-12-07, forty-seventh session, d4c3260): where CQs are armed by the kernel command (rxe, above), the completion channel's events are read by one raw read() of the channel's descriptor instead of ibv_get_cq_event, whose only other work is the provider's cq_event hook (empty for providers that arm through the kernel), and without glibc's read(), a cancellation point. By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 9c15343's bench binary and d4c3260's: client 2,906 -> 2,841, server 3,170 -> 3,106 (1.04-1.05 wake-ups per call in both); per function on the client, ibv_get_cq_event (32), read (22) and a pair of cancellation wrappers (30) gone, NextEvent (17) and syscall (+11) new. Tried in the same session and not kept: writes posted through libibverbs' work-request builder (ibv_wr_start, ibv_wr_rdma_write_imm, ibv_wr_set_inline_data, ibv_wr_complete on a QP made by rdma_create_qp_ex) instead of ibv_post_send: rxe's builder costs ~154 instructions per write where its ibv_post_send costs ~181, and the connection's write grew by ~49 (the signalling logic inlined twice, the builder's calls through function pointers): client 2,840 -> 2,829, server 3,103 -> 3,092 in one boot, -11 per side, not worth a second send path.",
+    "A new way to serve, not a cut to the old one (2026-12-07, forty-eighth session): inline handlers. A unary method marked `option (rdmarpc.inline_handler) = true;` (rpc/options.proto) gets a server handler that is a plain function (`Status Method(ServerContext&, const Req&, Resp&)`), run on the connection's I/O thread as the request is parsed: no pooled coroutine to resume, park and keep (`HandlerPool::Run` and `Loop`, the awaitable frames of the user's coroutine, the cancellation hook), its request and reply in a per-thread scratch pair, its `ServerCall` left where `OnRequest` built it (no move into a job), and the call holding its connection and peer string without reference counts (`Unowned`: the call ends before the transport's delivery returns, and the transport's close notice is always posted). `rdmarpc_bench --inline-handler` calls `CallInline`, the same echo served that way. `callgrind_pair` (64 B over TCP) on this session's AMD EPYC host, step by step: server 2,350 (coroutine handler) -> 1,819 (inline, first version) -> 1,771 (no reference counts) -> 1,638 (scratch pair, call in place); client 2,103-2,104 throughout (its code is the same). Over rdma:// in the VM, vm_bench.sh's callgrind by hand (events mode, 200 and 1,200 calls), the same binary in one boot: server 3,098 with the coroutine handler, 2,383 with the inline one (2,563 for the first version, another boot); client 2,854 either way. The coroutine path is unchanged (server 3,103 -> 3,098 in the VM, 2,350 -> 2,354 over TCP: noise)."]
 
 
 
@@ -631,6 +632,14 @@ def main():
     tcp = median_tcp_rounds(load(os.path.join(res, "tcp.jsonl")))
     cpu = load(os.path.join(res, "cpu.jsonl"))
     rdma = load(os.path.join(res, "rdma.jsonl"))
+    # The callgrind rows of the echo served by an inline handler (rdmarpc_bench
+    # --inline-handler), apart: every other table reads the coroutine handler's.
+    cpu_inline = [r for r in cpu if r.get("handler") == "inline"]
+    cpu = [r for r in cpu if not r.get("handler")]
+    rdma_inline = [r for r in rdma if r.get("handler") == "inline"]
+    rdma = [r for r in rdma if not r.get("handler")]
+    inline_ir = {r["side"]: r["ir_per_call"] for r in cpu_inline}
+    rdma_inline_ir = {r["side"]: r["ir_per_call"] for r in rdma_inline}
     perf = {(r["tool"], r["bytes"]): r for r in rdma if r.get("kind") == "perftest"}
     vm = next((r for r in rdma if r.get("kind") == "vm"), {})
     ours = {}
@@ -689,6 +698,15 @@ def main():
             w(f"| CPU: 64 B echo over rdma:// (VM, events mode), at most 2,500 instructions per call "
               f"on the {side} | {rdma_ir[side]:,}{sleeps_note(rdma_cg, side)} | "
               f"{cpu_met(rdma_ir[side], rdma_cg, side)} |")
+    # The same echo served by an inline handler (a plain function: rpc/options.proto). The
+    # client's code is the same either way; its rows are in the CPU section.
+    for rows, ir_of, where in ((cpu_inline, inline_ir, "TCP"),
+                               (rdma_inline, rdma_inline_ir, "rdma:// (VM, events mode)")):
+        if "server" in ir_of:
+            w(f"| CPU: the same over {where} with an inline handler "
+              f"(`option (rdmarpc.inline_handler)`), at most 2,500 on the server | "
+              f"{ir_of['server']:,}{sleeps_note(rows, 'server')} | "
+              f"{cpu_met(ir_of['server'], rows, 'server')} |")
     t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
     if t64:
         q = tcp_round_ratio(t64)
@@ -1225,7 +1243,23 @@ def main():
             v = rdma_ir.get(r["side"])
             w(f"| {r['side']} | {r['ir_per_call']:,} | {fmt(waits.get(r['side']), '{:.2f}')} "
               f"| {fmt(v, '{:,}')} | {fmt(waits_vm.get(r['side']), '{:.2f}')} |")
+        waits_in = {r["side"]: sleeps(cpu_inline, r["side"]) for r in cpu_inline}
+        waits_in_vm = {r["side"]: sleeps(rdma_inline, r["side"]) for r in rdma_inline}
+        for r in cpu_inline:
+            v = rdma_inline_ir.get(r["side"])
+            w(f"| {r['side']}, inline handler | {r['ir_per_call']:,} "
+              f"| {fmt(waits_in.get(r['side']), '{:.2f}')} | {fmt(v, '{:,}')} "
+              f"| {fmt(waits_in_vm.get(r['side']), '{:.2f}')} |")
         w("")
+        if cpu_inline:
+            w("\"Inline handler\": the same echo from a method marked `option "
+              "(rdmarpc.inline_handler) = true;` (rpc/options.proto; `rdmarpc_bench "
+              "--inline-handler` calls it): the server's handler is a plain function run as the "
+              "request is parsed, not a coroutine (none to resume, park and keep; its call holds "
+              "the connection without a reference count), for handlers that answer at once "
+              "from memory. The client's code is the same for both; its rows differ only by "
+              "noise.")
+            w("")
         if None in waits.values() or not waits_vm or None in waits_vm.values():
             w("-: not recorded by this run (its scripts predate the column).")
             w("")

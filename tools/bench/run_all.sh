@@ -90,6 +90,14 @@ for side in client server; do
   callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
 done
+# The same with the echo served by an inline handler (option (rdmarpc.inline_handler),
+# rpc/options.proto: rdmarpc_bench --inline-handler calls CallInline), rows marked "handler".
+callgrind_pair $bin/rdmarpc_bench "$res/inline." --inline-handler
+for side in client server; do
+  i1=$(cg_total "$res/inline.$side.2000.cg")
+  i2=$(cg_total "$res/inline.$side.12000.cg")
+  echo "{\"kind\":\"callgrind\",\"handler\":\"inline\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(cg_sleeps_per_call "$res/inline." "$side")}" >> "$res/cpu.jsonl"
+done
 
 echo "== metrics overhead: --metrics off and on, interleaved (tools/bench/metrics_overhead.sh)"
 bash tools/bench/metrics_overhead.sh 11 >"$res/metrics_overhead.md"

@@ -174,23 +174,28 @@ done
 # the server under callgrind takes longer than 5 s to set up its device state. --no-latency: the
 # bench's own timing of each call is not counted (as on the host, tools/bench/lib.sh).
 . tools/bench/lib.sh  # cg_total, cg_sleeps
-# Then the same with --metrics on both sides ("metrics":true), for what metrics cost per call.
+# Then the same with --metrics on both sides ("metrics":true), for what metrics cost per call,
+# and with the echo served by an inline handler ("handler":"inline": the client calls
+# CallInline, rdmarpc_bench --inline-handler; rpc/options.proto).
 cgdir=$(mktemp -d)
-for metrics in off on; do
+for metrics in off on inline; do
   mflag=()
+  cflag=()
   [ "$metrics" = on ] && mflag=(--metrics)
+  [ "$metrics" = inline ] && cflag=(--inline-handler)
   for n in 200 1200; do
     valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
       --listen "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" >"$cgdir/server.log" 2>&1 &
     server=$!
     for _ in $(seq 600); do grep -q "listening on" "$cgdir/server.log" && break; sleep 0.2; done
     valgrind --tool=callgrind --callgrind-out-file="$cgdir/client.$n" $bin/rdmarpc_bench \
-      --target "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" --connect-timeout-ms 120000 \
+      --target "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" "${cflag[@]}" --connect-timeout-ms 120000 \
       --calls "$n" --warmup 0 --quiet --no-latency >/dev/null 2>&1
     kill -TERM "$server"; wait "$server" 2>/dev/null
   done
   extra=""
   [ "$metrics" = on ] && extra=",\"metrics\":true"
+  [ "$metrics" = inline ] && extra=",\"handler\":\"inline\""
   for side in client server; do
     a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
     wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")

@@ -8,8 +8,10 @@
 #include <google/protobuf/compiler/code_generator.h>
 #include <google/protobuf/compiler/plugin.h>
 #include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/io/printer.h>
 #include <google/protobuf/io/zero_copy_stream.h>
+#include <google/protobuf/unknown_field_set.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -92,6 +94,24 @@ Kind KindOf(const MethodDescriptor* m) {
   return m->server_streaming() ? Kind::kServerStreaming : Kind::kUnary;
 }
 
+// Whether the method sets option (rdmarpc.inline_handler) (rpc/options.proto). The plugin does
+// not link that file's generated code, so the option reaches it as an unknown field of the
+// method's options, by its number.
+constexpr int kInlineHandlerField = 50861;
+bool InlineHandler(const MethodDescriptor* m) {
+  const google::protobuf::MethodOptions& options = m->options();
+  const google::protobuf::UnknownFieldSet& unknown =
+      options.GetReflection()->GetUnknownFields(options);
+  bool on = false;
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = unknown.field(i);
+    if (f.number() == kInlineHandlerField &&
+        f.type() == google::protobuf::UnknownField::TYPE_VARINT)
+      on = f.varint() != 0;  // the last one set wins, as protobuf reads a repeated scalar
+  }
+  return on;
+}
+
 std::string FileTag(const FileDescriptor* file) {
   std::string tag = "rdmarpc_gen_";
   for (char c : StripProto(file->name()))
@@ -105,7 +125,17 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
 
   bool Generate(const FileDescriptor* file, const std::string& /*parameter*/,
                 GeneratorContext* context, std::string* error) const override {
-    (void)error;
+    for (int i = 0; i < file->service_count(); ++i) {
+      for (int j = 0; j < file->service(i)->method_count(); ++j) {
+        const MethodDescriptor* m = file->service(i)->method(j);
+        if (InlineHandler(m) && KindOf(m) != Kind::kUnary) {
+          *error = m->full_name() +
+                   ": option (rdmarpc.inline_handler) is for unary methods only (a stream's "
+                   "handler waits for messages, so it must be a coroutine)";
+          return false;
+        }
+      }
+    }
     const std::string base = StripProto(file->name());
     {
       std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
@@ -128,10 +158,9 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
   // answers UNIMPLEMENTED).
   static std::string ServerSignature(const MethodDescriptor* m, bool in_class) {
     auto v = MethodVars(m);
-    const std::string head = "::boost::asio::awaitable<::rdmarpc::Status> " +
-                             (in_class ? std::string() : v["svc"] + "::Service::") + v["name"] +
-                             "(\n    ::rdmarpc::ServerContext&" + (in_class ? " context" : "") +
-                             ", ";
+    const std::string head =
+        ReturnType(m) + " " + (in_class ? std::string() : v["svc"] + "::Service::") + v["name"] +
+        "(\n    ::rdmarpc::ServerContext&" + (in_class ? " context" : "") + ", ";
     auto named = [&](const std::string& type, const std::string& name) {
       return in_class ? type + " " + name : type;
     };
@@ -152,6 +181,11 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
                ")";
     }
     return head;
+  }
+
+  // What the server's handler returns: a coroutine, or for an inline handler the Status itself.
+  static std::string ReturnType(const MethodDescriptor* m) {
+    return InlineHandler(m) ? "::rdmarpc::Status" : "::boost::asio::awaitable<::rdmarpc::Status>";
   }
 
   // The invoker's parameters after the context (named as kArgs in GenerateSource uses them).
@@ -215,7 +249,8 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
       p->Indent();
       for (int j = 0; j < s->method_count(); ++j) {
         static const char* const kComments[] = {
-            "",
+            "// Inline handler (rpc/options.proto): runs on the connection's I/O thread and\n"
+            "// must return without waiting; the reply goes out when it returns.\n",
             "// Client stream: read the requests until Read says there are no more, then\n"
             "// return the Status (and, when OK, `reply`).\n",
             "// Server stream: write any number of replies, then return the Status that\n"
@@ -224,7 +259,8 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
             "// that ends the call.\n"};
         auto vars = MethodVars(s->method(j));
         vars["sig"] = ServerSignature(s->method(j), true);
-        p->Print(kComments[static_cast<int>(KindOf(s->method(j)))]);
+        if (KindOf(s->method(j)) != Kind::kUnary || InlineHandler(s->method(j)))
+          p->Print(kComments[static_cast<int>(KindOf(s->method(j)))]);
         p->Print(vars, "virtual $sig$;\n");
       }
       p->Outdent();
@@ -347,17 +383,19 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
                                             "stream"};
         const int kind = static_cast<int>(KindOf(s->method(j)));
         vars["handler"] = kHandlers[kind];
+        vars["inline"] = InlineHandler(s->method(j)) ? ", true" : "";
+        vars["ret"] = ReturnType(s->method(j));
         vars["args"] = kArgs[kind];
         p->Print(vars,
                  "constexpr ::rdmarpc::MethodInfo k$svc$_$j$_info{\"$wire$\", $id$,\n"
                  "                                             ::rdmarpc::MethodKind::$kind$};\n");
         vars["sig"] = InvokerSignature(s->method(j));
         p->Print(vars,
-                 "::boost::asio::awaitable<::rdmarpc::Status> $svc$_$j$_invoke(\n"
+                 "$ret$ $svc$_$j$_invoke(\n"
                  "    ::rdmarpc::Service& service, ::rdmarpc::ServerContext& context, $sig$) {\n"
                  "  return static_cast<$qsvc$::Service&>(service).$name$(context, $args$);\n"
                  "}\n"
-                 "const ::rdmarpc::$handler$<$req$, $resp$> k$svc$_$j$_handler(\n"
+                 "const ::rdmarpc::$handler$<$req$, $resp$$inline$> k$svc$_$j$_handler(\n"
                  "    &$svc$_$j$_invoke);\n\n");
       }
       if (s->method_count() > 0) {
@@ -392,11 +430,12 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
         vars["tag"] = tag;
         vars["j"] = std::to_string(j);
         vars["sig"] = ServerSignature(s->method(j), false);
+        vars["return"] = InlineHandler(s->method(j)) ? "return" : "co_return";
         p->Print(vars,
                  "$sig$ {\n"
-                 "  co_return ::rdmarpc::Status(::rdmarpc::StatusCode::kUnimplemented,\n"
-                 "                              \"method $wire$ is not implemented by this "
-                 "server\");\n"
+                 "  $return$ ::rdmarpc::Status(\n"
+                 "      ::rdmarpc::StatusCode::kUnimplemented,\n"
+                 "      \"method $wire$ is not implemented by this server\");\n"
                  "}\n\n");
         if (KindOf(s->method(j)) == Kind::kClientStreaming || KindOf(s->method(j)) == Kind::kBidi) {
           vars["handle"] = KindOf(s->method(j)) == Kind::kBidi ? "ReaderWriter" : "Writer";

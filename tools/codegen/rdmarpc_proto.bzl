@@ -52,9 +52,14 @@ def _gen_impl(ctx):
         if "_virtual_imports" in src.path:
             fail("%s: proto_library with import_prefix or strip_import_prefix is not supported" %
                  src.short_path)
-        if not src.short_path.startswith(ctx.label.package + "/") and ctx.label.package:
+        # The file's path in its repository: a file of an external repository has a short_path
+        # of "../REPO/PATH".
+        path = src.short_path
+        if path.startswith("../"):
+            path = path.split("/", 2)[2]
+        if not path.startswith(ctx.label.package + "/") and ctx.label.package:
             fail("%s must be inside package %s" % (src.short_path, ctx.label.package))
-        rel = src.short_path[len(ctx.label.package) + 1 if ctx.label.package else 0:]
+        rel = path[len(ctx.label.package) + 1 if ctx.label.package else 0:]
         stem = rel[:-len(".proto")]
         hdrs.append(ctx.actions.declare_file(stem + ".pb.h"))
         hdrs.append(ctx.actions.declare_file(stem + ".rdmarpc.pb.h"))

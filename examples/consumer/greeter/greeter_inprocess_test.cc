@@ -6,11 +6,10 @@
 #include "rpc/rdmarpc.h"
 
 class Greeter final : public greeter::Greeter::Service {
-  boost::asio::awaitable<rdmarpc::Status> Hello(rdmarpc::ServerContext&,
-                                                const greeter::HelloRequest& req,
-                                                greeter::HelloReply& reply) override {
+  rdmarpc::Status Hello(rdmarpc::ServerContext&, const greeter::HelloRequest& req,
+                        greeter::HelloReply& reply) override {  // inline (greeter.proto)
     reply.set_greeting("hello, " + req.person().name());
-    co_return rdmarpc::Status();
+    return rdmarpc::Status();
   }
 };
 
