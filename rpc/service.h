@@ -178,12 +178,12 @@ Status HandlerThrew(const char* what);
 }  // namespace internal
 
 // The handler of a unary method with request Req and reply Resp. A generated constant.
-// kInline: the method is marked `option (rdmarpc.inline) = true;` in its .proto, and the user's
-// handler is a plain function (returns Status, cannot suspend): it runs on the connection's
-// I/O thread as soon as the request is parsed, and the reply goes out when it returns. No
-// coroutine is resumed and none is kept waiting, which saves about a fifth of the server's work
-// on a small call (docs/BENCHMARKS.md); the price is that the I/O thread serves nothing else
-// until it returns.
+// kInline: the method is marked `option (rdmarpc.inline_handler) = true;` in its .proto, and
+// the user's handler is a plain function (returns Status, cannot suspend): it runs on the
+// connection's I/O thread as soon as the request is parsed, and the reply goes out when it
+// returns. No coroutine is resumed and none is kept waiting, which saves about a quarter of the
+// server's work on a small call (docs/BENCHMARKS.md); the price is that the I/O thread serves
+// nothing else until it returns.
 template <class Req, class Resp, bool kInline = false>
 class UnaryMethodHandler final : public MethodHandler {
  public:
@@ -209,12 +209,6 @@ class UnaryMethodHandler final : public MethodHandler {
   }
 
  private:
-  // One per call: the context (in `call`), the request and the reply. Finished jobs are kept
-  // per thread for the next calls with the same request and reply types (at most kKeep),
-  // unless their messages were large: a reused request parses into the strings it already
-  // has and a reused reply is refilled in place (Clear keeps their capacity), which saves the
-  // job's allocation and the payloads' on every call. The size limit bounds what a client can
-  // leave pinned this way.
   static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
 
   // An inline call's request and reply; its ServerCall stays where the server built it (the
@@ -246,8 +240,8 @@ class UnaryMethodHandler final : public MethodHandler {
     if (!s) s = std::make_unique<Scratch>();
     if (!internal::ParseRequest(s->request, payload, call)) return;
     // Nothing can cancel the call while it runs (no frame is read until it returns), so it is
-    // not made cancellable; one cancelled before it started (its connection closed) sees
-    // ServerContext::cancelled(), and its reply goes nowhere, as a coroutine's would.
+    // not made cancellable: ServerContext::cancelled() stays false. A connection that closes
+    // meanwhile (a send failed) gets no reply, as a coroutine's caller would not.
     Status status;
     try {
       status = invoke_(service, call.context(), s->request, s->reply);
@@ -267,6 +261,12 @@ class UnaryMethodHandler final : public MethodHandler {
     slot.kept = s.release();
   }
 
+  // One per call: the context (in `call`), the request and the reply. Finished jobs are kept
+  // per thread for the next calls with the same request and reply types (at most kKeep),
+  // unless their messages were large: a reused request parses into the strings it already
+  // has and a reused reply is refilled in place (Clear keeps their capacity), which saves the
+  // job's allocation and the payloads' on every call. The size limit bounds what a client can
+  // leave pinned this way.
   struct Job final : internal::CallJob {
     static constexpr size_t kKeep = 32;
 

@@ -21,11 +21,20 @@ service S {
 PROTO
 protoc --plugin=protoc-gen-rdmarpc="$plugin" --rdmarpc_out="$out/gen" -I"$out/src" \
   "$out/src/good.proto"
+fail() {
+  echo "FAIL: $1"
+  [ $# -lt 2 ] || cat "$2"
+  exit 1
+}
 h="$out/gen/good.rdmarpc.pb.h"
-grep -q '^    virtual ::rdmarpc::Status Fast($' "$h" || { echo "FAIL: Fast is not a plain function:"; cat "$h"; exit 1; }
-grep -q '^    virtual ::boost::asio::awaitable<::rdmarpc::Status> Off($' "$h" || { echo "FAIL: Off (option false) is not a coroutine"; exit 1; }
-grep -q '^    virtual ::boost::asio::awaitable<::rdmarpc::Status> Plain($' "$h" || { echo "FAIL: Plain is not a coroutine"; exit 1; }
-grep -q 'UnaryMethodHandler<::opt::M, ::opt::M, true> kS_0_handler' "$out/gen/good.rdmarpc.pb.cc" || { echo "FAIL: Fast's handler is not inline"; exit 1; }
+cc="$out/gen/good.rdmarpc.pb.cc"
+grep -q '^    virtual ::rdmarpc::Status Fast($' "$h" || fail "Fast is not a plain function" "$h"
+grep -q '^    virtual ::boost::asio::awaitable<::rdmarpc::Status> Off($' "$h" ||
+  fail "Off (option false) is not a coroutine" "$h"
+grep -q '^    virtual ::boost::asio::awaitable<::rdmarpc::Status> Plain($' "$h" ||
+  fail "Plain is not a coroutine" "$h"
+grep -q 'UnaryMethodHandler<::opt::M, ::opt::M, true> kS_0_handler' "$cc" ||
+  fail "Fast's handler is not inline" "$cc"
 echo "ok: inline only where the option is true"
 
 cat >"$out/src/bad.proto" <<'PROTO'
@@ -39,9 +48,9 @@ service S {
 PROTO
 if protoc --plugin=protoc-gen-rdmarpc="$plugin" --rdmarpc_out="$out/gen" -I"$out/src" \
   "$out/src/bad.proto" 2>"$out/err"; then
-  echo "FAIL: an inline server stream was accepted"
-  exit 1
+  fail "an inline server stream was accepted"
 fi
-grep -q 'opt.S.Watch: option (rdmarpc.inline_handler) is for unary methods only' "$out/err" || { echo "FAIL: unexpected error:"; cat "$out/err"; exit 1; }
+grep -q 'opt.S.Watch: option (rdmarpc.inline_handler) is for unary methods only' "$out/err" ||
+  fail "unexpected error:" "$out/err"
 echo "ok: refused on a stream: $(head -1 "$out/err")"
 echo "codegen_options_test: ok"
