@@ -211,6 +211,13 @@ class UnaryMethodHandler final : public MethodHandler {
  private:
   static constexpr size_t kKeepBytes = 1024;  // request + reply, serialized
 
+  // A finished call's reply size, for the limit above: from its serialization when it was sent
+  // (`sized`: its cached size is current; computing it again, and the request's, cost ~45
+  // instructions per call).
+  static size_t ReplyBytes(const Resp& reply, bool sized) {
+    return sized ? static_cast<size_t>(reply.GetCachedSize()) : reply.ByteSizeLong();
+  }
+
   // An inline call's request and reply; its ServerCall stays where the server built it (the
   // call ends before Start returns). One is kept per thread for the next inline call of these
   // types, under the jobs' size limit; a call inside another's handler (a nested Start) gets
@@ -251,10 +258,7 @@ class UnaryMethodHandler final : public MethodHandler {
       status = internal::HandlerThrew(nullptr);
     }
     const bool sized = call.Finish(status, status.ok() ? &s->reply : nullptr);
-    // The reply's size from its serialization, as Job::Recycle.
-    const size_t reply_bytes =
-        sized ? static_cast<size_t>(s->reply.GetCachedSize()) : s->reply.ByteSizeLong();
-    if (scratch_gone || payload.size() + reply_bytes > kKeepBytes) return;
+    if (scratch_gone || payload.size() + ReplyBytes(s->reply, sized) > kKeepBytes) return;
     ScratchSlot& slot = ThreadScratch();
     if (slot.kept != nullptr) return;  // a nested call's was kept
     s->reply.Clear();                  // the request is cleared by the next parse (ParsePayload)
@@ -296,10 +300,7 @@ class UnaryMethodHandler final : public MethodHandler {
 
     void Recycle() override {
       call.reset();
-      // The reply's size from its serialization when it was sent (computing it again, and the
-      // request's, cost ~45 instructions per call).
-      const size_t reply_bytes =
-          reply_sized ? static_cast<size_t>(reply.GetCachedSize()) : reply.ByteSizeLong();
+      const size_t reply_bytes = ReplyBytes(reply, reply_sized);
       reply_sized = false;
       if (pool_gone || ThreadPool().jobs.size() >= kKeep ||
           request_bytes + reply_bytes > kKeepBytes) {

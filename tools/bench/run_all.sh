@@ -78,26 +78,31 @@ for n in 1000 10000 19000; do
 done
 kill "$srv" "$pp" "$gs"; wait "$srv" "$pp" "$gs" 2>/dev/null || true
 
+# cpu_rows PREFIX EXTRA: cpu.jsonl's two rows (client, server) of the callgrind_pair run PREFIX;
+# EXTRA: JSON fields that mark the run (empty for the plain echo).
+cpu_rows() {
+  local side i1 i2
+  for side in client server; do
+    i1=$(cg_total "$1$side.2000.cg")
+    i2=$(cg_total "$1$side.12000.cg")
+    # Sleeps of the event loop per call (see cg_calls): the count depends on them.
+    echo "{\"kind\":\"callgrind\"$2,\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(cg_sleeps_per_call "$1" "$side")}" >> "$res/cpu.jsonl"
+  done
+}
+
 echo "== CPU cost: instructions per call (callgrind), 64 B echo over TCP, set-up excluded"
 # Run each side twice, with 2,000 and 12,000 calls; the difference / 10,000 is the cost per call
 # with connection set-up, start and exit cancelled out.
 callgrind_pair $bin/rdmarpc_bench "$res/"
+cpu_rows "$res/" ""
 for side in client server; do
-  i1=$(cg_total "$res/$side.2000.cg")
-  i2=$(cg_total "$res/$side.12000.cg")
-  # Sleeps of the event loop per call (see cg_calls): the count depends on them.
-  echo "{\"kind\":\"callgrind\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(cg_sleeps_per_call "$res/" "$side")}" >> "$res/cpu.jsonl"
   callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
 done
 # The same with the echo served by an inline handler (option (rdmarpc.inline_handler),
 # rpc/options.proto: rdmarpc_bench --inline-handler calls CallInline), rows marked "handler".
 callgrind_pair $bin/rdmarpc_bench "$res/inline." --inline-handler
-for side in client server; do
-  i1=$(cg_total "$res/inline.$side.2000.cg")
-  i2=$(cg_total "$res/inline.$side.12000.cg")
-  echo "{\"kind\":\"callgrind\",\"handler\":\"inline\",\"side\":\"$side\",\"ir_2000\":$i1,\"ir_12000\":$i2,\"ir_per_call\":$(( (i2 - i1) / 10000 )),\"epoll_waits_per_call\":$(cg_sleeps_per_call "$res/inline." "$side")}" >> "$res/cpu.jsonl"
-done
+cpu_rows "$res/inline." ',"handler":"inline"'
 
 echo "== metrics overhead: --metrics off and on, interleaved (tools/bench/metrics_overhead.sh)"
 bash tools/bench/metrics_overhead.sh 11 >"$res/metrics_overhead.md"

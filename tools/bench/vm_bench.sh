@@ -178,11 +178,11 @@ done
 # and with the echo served by an inline handler ("handler":"inline": the client calls
 # CallInline, rdmarpc_bench --inline-handler; rpc/options.proto).
 cgdir=$(mktemp -d)
-for metrics in off on inline; do
+for variant in off on inline; do
   mflag=()
   cflag=()
-  [ "$metrics" = on ] && mflag=(--metrics)
-  [ "$metrics" = inline ] && cflag=(--inline-handler)
+  [ "$variant" = on ] && mflag=(--metrics)
+  [ "$variant" = inline ] && cflag=(--inline-handler)
   for n in 200 1200; do
     valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
       --listen "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" >"$cgdir/server.log" 2>&1 &
@@ -194,8 +194,8 @@ for metrics in off on inline; do
     kill -TERM "$server"; wait "$server" 2>/dev/null
   done
   extra=""
-  [ "$metrics" = on ] && extra=",\"metrics\":true"
-  [ "$metrics" = inline ] && extra=",\"handler\":\"inline\""
+  [ "$variant" = on ] && extra=",\"metrics\":true"
+  [ "$variant" = inline ] && extra=",\"handler\":\"inline\""
   for side in client server; do
     a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
     wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")
