@@ -210,9 +210,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       }
       if (!sent.ok()) co_return Intercepted(method, ic, std::move(sent));
     }
-    const uint64_t call_id = CallId(index);
     co_await Suspend(index, deadline);
-    Status status;
     if (slot.done) {
       // The common case without the error path's renaming, and without moving the slot's
       // Status out (OnResponse leaves it OK, as FreeSlot does; the moves and calls cost ~75
@@ -224,20 +222,96 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         if (ic.observed()) FinishInterceptedOk(method, ic);
         co_return Status();
       }
-      status = std::move(slot.status);
+      co_return Intercepted(method, ic, EndUnary(index, method, options.timeout, false));
+    }
+    // The caller cancelled (e.g. through a cancellation slot bound to this call), or its
+    // deadline passed.
+    const bool cancelled =
+        (co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none;
+    co_return Intercepted(method, ic, EndUnary(index, method, options.timeout, cancelled));
+  }
+
+  // The Status of unary call `index` once its caller is woken, the slot freed (its reply came,
+  // or the connection went: `done`) or abandoned (the caller gave up, `cancelled` or past its
+  // deadline: the server is told with a CANCEL). `timeout`: the call's, for the message.
+  Status EndUnary(uint32_t index, const MethodInfo& method, std::chrono::nanoseconds timeout,
+                  bool cancelled) {
+    Slot& slot = calls_[index];
+    if (slot.done) {
+      if (slot.status.ok()) {
+        FreeSlot(index);
+        return Status();
+      }
+      Status status = std::move(slot.status);
       FreeSlot(index);
-      co_return Intercepted(method, ic, NameUnknownMethod(std::move(status), method));
+      return NameUnknownMethod(std::move(status), method);
     }
-    if ((co_await asio::this_coro::cancellation_state).cancelled() !=
-        asio::cancellation_type::none) {
-      // The caller cancelled (e.g. through a cancellation slot bound to this call).
-      status = Status(StatusCode::kCancelled, "call to " + target_ + " cancelled by the caller");
-    } else {
-      status = DeadlineStatus(options);
-    }
-    SendCancel(call_id);
+    Status status = cancelled ? Status(StatusCode::kCancelled,
+                                       "call to " + target_ + " cancelled by the caller")
+                              : DeadlineStatus(timeout);
+    SendCancel(CallId(index));
     Abandon(index);
-    co_return Intercepted(method, ic, std::move(status));
+    return status;
+  }
+
+  // Channel::TryCallParked: a unary call sent at once from the channel's thread, its caller's
+  // handler kept in the slot (no coroutine frame; EndParked and WakeParked finish it). False
+  // (nothing done, `handler` untouched) when it cannot go that way: off the channel's thread,
+  // with interceptors, or not admitted at once; the caller then runs Call.
+  bool TryCallParked(const MethodInfo& method, const google::protobuf::MessageLite& request,
+                     google::protobuf::MessageLite& reply, const CallOptions& options,
+                     internal::AwaitingHandler<Status>& handler) {
+    if (!io_executor_ || !io_executor_->running_in_this_thread() || !AdmitsNow()) return false;
+    // Of interceptors, only a metrics recorder alone (the usual case) is run here, as Call runs
+    // it; others need Call.
+    MethodStats* stats = nullptr;
+    Clock::time_point now{};
+    if (!options_.interceptors.empty()) {
+      const BoundMethod& b = InterceptorsFor(method);
+      if (!b.rest.empty()) return false;
+      stats = b.stats;
+      now = Clock::now();
+    } else if (options.timeout.count() > 0) {
+      now = Clock::now();
+    }
+    const auto deadline = EffectiveDeadline(options, now);
+    const uint32_t index = AllocSlot();
+    Slot& slot = calls_[index];
+    slot.reply = &reply;
+    slot.wait_for_ready = options.wait_for_ready;
+    if (Status sent = SendAdmitted(index, method, &request, options, deadline, now); !sent.ok())
+        [[unlikely]] {
+      if (std::exchange(unheard_close_, false)) {
+        FreeSlot(index);  // nothing went out: Call waits for the connection (and counts it)
+        return false;
+      }
+      // (The slot is freed.) Not called from here: the caller has not finished suspending.
+      if (stats) {
+        stats->Started();
+        stats->Finished(sent.code(), Clock::now() - now, 0, 0);
+      }
+      asio::post(executor_, [h = std::move(handler), s = std::move(sent)]() mutable {
+        std::move(h)(std::move(s));
+      });
+      return true;
+    }
+    if (stats) stats->Started();  // (after the send: a call handed back to Call is not counted)
+    slot.stats = stats;
+    slot.intercepted_at = now;
+    slot.method = &method;
+    slot.timeout = options.timeout;
+    slot.deadline = deadline;
+    ArmDeadline(deadline);
+    slot.parked.emplace(std::move(handler));
+    if (auto cs = slot.parked->get_cancellation_slot(); cs.is_connected()) {
+      cs.assign([this, index, gen = slot.generation](asio::cancellation_type) {
+        // Invoked by the caller's emit, on this thread. The slot may have moved on.
+        if (Slot* s = calls_.Find(index, gen); s && s->parked) {
+          WakeParked(index, /*from_cancellation=*/true);
+        }
+      });
+    }
+    return true;
   }
 
   // A method's interceptors, bound on its first call by this channel (InterceptorsFor).
@@ -476,7 +550,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         co_return false;
       }
       if (Clock::now() >= s.stream_deadline) {
-        StopStream(index, WithQueueReason(StreamDeadlineStatus(s.timeout)));
+        StopStream(index, WithQueueReason(DeadlineStatus(s.timeout)));
         co_return false;
       }
       // Woken for the reader's sake: wait again.
@@ -884,6 +958,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     // The caller, suspended in Suspend() until Resume(): woken (room, reply, connection lost),
     // its deadline passed, or it cancelled. Empty while the caller runs.
     std::optional<Resumer> resume;
+    // Instead, for a unary call started by TryCallParked: the awaiting caller's handler, called
+    // with the call's Status, and the metrics recorder that hears how it ended (null: none)
+    // with when it started (intercepted_at).
+    std::optional<internal::AwaitingHandler<Status>> parked;
+    MethodStats* stats = nullptr;
     // While suspended: when its caller gives up. Abandoned: when it stops counting
     // (kAbandonedGrace after the CANCEL).
     Clock::time_point deadline = Clock::time_point::max();
@@ -998,12 +1077,15 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   }
 
   Status DeadlineStatus(const CallOptions& options) const {
-    if (options.timeout.count() > 0) {
+    return DeadlineStatus(options.timeout);
+  }
+  Status DeadlineStatus(std::chrono::nanoseconds timeout) const {
+    if (timeout.count() > 0) {
       return Status(
           StatusCode::kDeadlineExceeded,
           "no reply from " + target_ + " within " +
               std::to_string(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(options.timeout).count()) +
+                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
               " ms");
     }
     return Status(StatusCode::kDeadlineExceeded,
@@ -1107,13 +1189,60 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // connection keeps its handler alive until OnClose, which is posted). We are on executor_'s
   // thread: OnMessage runs on the connection's executor, which is the channel's, and the caller's
   // coroutine runs there too (Channel::Call hops there first).
-  void ResumeCallerNow(Slot& s) {
+  void ResumeCallerNow(Slot& s, uint32_t index) {
+    if (s.parked) {
+      EndParked(s, index);
+      return;
+    }
     if (!s.resume) return;
     Resumer h = TakeWaiter(s, &Slot::resume, /*from_cancellation=*/false);
     // What the caller's code throws does not come back through here: its coroutine's
     // completion is dispatched through its executor, which keeps an exception for
     // io_context::run() to rethrow (rpc_integration_test: "a caller resumed by its reply...").
     std::move(h)();
+  }
+
+  // ResumeCallerNow for a call started by TryCallParked: its Status to its caller, here and now.
+  void EndParked(Slot& s, uint32_t index) {
+    internal::AwaitingHandler<Status> h = TakeParkedHandler(s, /*from_cancellation=*/false);
+    MethodStats* const stats = s.stats;
+    if (s.status.ok()) {
+      if (stats) stats->Finished(StatusCode::kOk, Clock::now() - s.intercepted_at, 0, 0);
+      FreeSlot(index);
+      std::move(h)(Status());
+      return;
+    }
+    const Clock::time_point started = s.intercepted_at;
+    Status status = EndUnary(index, *s.method, s.timeout, false);
+    if (stats) stats->Finished(status.code(), Clock::now() - started, 0, 0);
+    std::move(h)(std::move(status));
+  }
+
+  // Wakes a call started by TryCallParked for another reason than its reply (cancellation,
+  // deadline, lost connection), from the event loop as ResumeWaiter does: its end (EndUnary) is
+  // worked out there, where a reply that came meanwhile still counts.
+  void WakeParked(uint32_t index, bool from_cancellation) {
+    Slot& s = calls_[index];
+    asio::post(executor_, [self = shared_from_this(), index,
+                           h = TakeParkedHandler(s, from_cancellation),
+                           from_cancellation]() mutable {
+      Slot& slot = self->calls_[index];
+      MethodStats* const stats = slot.stats;
+      const Clock::time_point started = slot.intercepted_at;
+      Status status = self->EndUnary(index, *slot.method, slot.timeout,
+                                     from_cancellation || h.get_cancellation_state().cancelled() !=
+                                                              asio::cancellation_type::none);
+      if (stats) stats->Finished(status.code(), Clock::now() - started, 0, 0);
+      std::move(h)(std::move(status));
+    });
+  }
+
+  internal::AwaitingHandler<Status> TakeParkedHandler(Slot& s, bool from_cancellation) {
+    internal::AwaitingHandler<Status> h = std::move(*s.parked);
+    s.parked.reset();
+    s.deadline = Clock::time_point::max();
+    if (!from_cancellation) h.get_cancellation_slot().clear();
+    return h;
   }
 
   // Arms the channel's deadline timer for `deadline` if it is earlier than the one it waits for.
@@ -1148,9 +1277,13 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
         }
         continue;
       }
-      if (!s.resume && !s.write_resume) continue;
+      if (!s.resume && !s.write_resume && !s.parked) continue;
       if (s.deadline <= now) {
-        Resume(s);
+        if (s.parked) {
+          WakeParked(i, /*from_cancellation=*/false);
+        } else {
+          Resume(s);
+        }
       } else {
         next = std::min(next, s.deadline);
       }
@@ -1236,7 +1369,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       SetReplyError(s, f);
     }
     s.done = true;
-    ResumeCallerNow(s);  // the last step: nothing of this channel is touched after it
+    ResumeCallerNow(s, index);  // the last step: nothing of this channel is touched after it
   }
 
   // The server's PING: answered unless more than kPongQueueLimitBytes wait to reach the server
@@ -1411,13 +1544,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
     StopStream(index, cancelled != asio::cancellation_type::none
                           ? Status(StatusCode::kCancelled,
                                    "stream from " + target_ + " cancelled by the caller")
-                          : StreamDeadlineStatus(calls_[index].timeout));
-  }
-
-  Status StreamDeadlineStatus(std::chrono::nanoseconds timeout) const {
-    CallOptions o;
-    o.timeout = timeout;
-    return DeadlineStatus(o);
+                          : DeadlineStatus(calls_[index].timeout));
   }
 
   // The wire carries only the method's hash; we know its name (issue 14).
@@ -1527,7 +1654,11 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       if (s.active && s.sent && !s.done) {
         s.status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
         s.done = true;
-        Resume(s);
+        if (s.parked) {
+          WakeParked(i, /*from_cancellation=*/false);
+        } else {
+          Resume(s);
+        }
       }
     }
   }
@@ -1751,6 +1882,27 @@ void ReleaseStream(const StreamRef& ref) {
 }
 
 }  // namespace internal
+
+bool Channel::TryCallParked(const MethodInfo& method, const google::protobuf::MessageLite& request,
+                            google::protobuf::MessageLite& reply, const CallOptions& options,
+                            internal::AwaitingHandler<Status>& handler) {
+  return core_->TryCallParked(method, request, reply, options, handler);
+}
+
+Status Channel::StatusOf(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const boost::system::system_error& error) {
+    if (error.code() == asio::error::operation_aborted) {
+      return Status(StatusCode::kCancelled, "call cancelled by the caller");
+    }
+    return Status(StatusCode::kInternal, std::string("call failed: ") + error.what());
+  } catch (const std::exception& error) {
+    return Status(StatusCode::kInternal, std::string("call failed: ") + error.what());
+  } catch (...) {
+    return Status(StatusCode::kInternal, "call failed: unknown exception");
+  }
+}
 
 asio::awaitable<Status> Channel::Call(const MethodInfo& method,
                                       const google::protobuf::MessageLite& request,

@@ -30,6 +30,25 @@ using namespace rdmarpc;
 using namespace rdmarpc::testing;
 using namespace std::chrono_literals;
 
+// Runs body(0) .. body(n - 1) at once, each its own coroutine on the current executor, and
+// waits for them all.
+template <class Body>
+asio::awaitable<void> AllAtOnce(int n, Body body) {
+  auto ex = co_await asio::this_coro::executor;
+  int done = 0;
+  asio::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
+  for (int i = 0; i < n; ++i) {
+    asio::co_spawn(
+        ex,
+        [&, i]() -> asio::awaitable<void> {
+          co_await body(i);
+          if (++done == n) all_done.cancel();
+        },
+        asio::detached);
+  }
+  co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+}
+
 TEST_CASE("10,000 sequential calls all succeed with their own reply", "[rpc][core]") {
   auto listen = GENERATE(from_range(ListenUrisInProcess()));
   TestServer ts(listen);
@@ -413,31 +432,21 @@ TEST_CASE("inline handlers answer calls, errors and throws, among coroutine hand
     Seen s;
     // 500 at once, inline and coroutine handlers interleaved on one connection: each gets its
     // own reply.
-    auto ex = co_await asio::this_coro::executor;
-    int done = 0;
-    asio::steady_timer all_done(ex, std::chrono::steady_clock::time_point::max());
-    for (int i = 0; i < 500; ++i) {
-      asio::co_spawn(
-          ex,
-          [&, i]() -> asio::awaitable<void> {
-            EchoRequest req;
-            req.set_seq(i);
-            req.set_payload(Pattern(64 + i, i));
-            EchoReply reply;
-            Status st;
-            if (i % 2 == 0) {
-              st = co_await stub.EchoInline(req, reply);
-            } else {
-              st = co_await stub.Echo(req, reply);
-            }
-            const bool good =
-                st.ok() && reply.seq() == uint64_t(i) && reply.payload() == Pattern(64 + i, i);
-            if (good) ++(i % 2 == 0 ? s.inline_good : s.coroutine_good);
-            if (++done == 500) all_done.cancel();
-          },
-          asio::detached);
-    }
-    co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await AllAtOnce(500, [&](int i) -> asio::awaitable<void> {
+      EchoRequest req;
+      req.set_seq(i);
+      req.set_payload(Pattern(64 + i, i));
+      EchoReply reply;
+      Status st;
+      if (i % 2 == 0) {
+        st = co_await stub.EchoInline(req, reply);
+      } else {
+        st = co_await stub.Echo(req, reply);
+      }
+      const bool good =
+          st.ok() && reply.seq() == uint64_t(i) && reply.payload() == Pattern(64 + i, i);
+      if (good) ++(i % 2 == 0 ? s.inline_good : s.coroutine_good);
+    });
     // The context: metadata and the deadline's budget.
     EchoRequest req;
     EchoReply reply;
@@ -1838,4 +1847,176 @@ TEST_CASE("the metrics endpoint serves /metrics over HTTP and bounds what a clie
         StatusCode::kInvalidArgument);
   CHECK(MetricsEndpoint::Start(metrics, "127.0.0.1:" + std::to_string(port)).status().code() ==
         StatusCode::kUnavailable);  // taken
+}
+
+TEST_CASE(
+    "a call co_awaited with asio::deferred ends as an awaited one does, every way; other "
+    "completion tokens work too",
+    "[rpc][core][deferred]") {
+  // The completion-token form: co_await stub.M(request, reply, options, asio::deferred) resumes
+  // the caller straight from its slot (no coroutine frame of its own); callbacks, use_future and
+  // callers on another thread go through the coroutine. Each must end like the awaitable form.
+  auto listen = GENERATE(from_range(ListenUrisInProcess()));
+  INFO("over " << listen);
+  auto ts =
+      std::make_unique<TestServer>(listen, ServerOptions{.io_threads = 1, .drain_timeout = 200ms});
+  Journal j;
+  auto metrics = std::make_shared<Metrics>();
+  struct Seen {
+    int good = 0;  // of 500 at once, deferred and awaitable forms interleaved
+    Status fail, unserved, deadline, cancelled, after, callback, future, other_thread, intercepted,
+        lost;
+    std::chrono::steady_clock::duration deadline_took{}, cancel_took{}, lost_took{};
+  };
+  const Seen seen = RunLoop([&]() -> asio::awaitable<Seen> {
+    auto ch = co_await MustConnect(ts->uri);
+    TestService::Stub stub(ch);
+    auto ex = co_await asio::this_coro::executor;
+    Seen s;
+    const CallOptions none;
+    co_await AllAtOnce(500, [&](int i) -> asio::awaitable<void> {
+      EchoRequest req;
+      req.set_seq(i);
+      req.set_payload(Pattern(64 + i, i));
+      EchoReply reply;
+      Status st;
+      if (i % 2 == 0) {
+        st = co_await stub.Echo(req, reply, none, asio::deferred);
+      } else {
+        st = co_await stub.Echo(req, reply);
+      }
+      if (st.ok() && reply.seq() == uint64_t(i) && reply.payload() == Pattern(64 + i, i)) ++s.good;
+    });
+
+    // A handler's error, and a method the server does not serve (named by the channel).
+    FailRequest fail;
+    fail.set_code(static_cast<uint32_t>(StatusCode::kNotFound));
+    fail.set_message("no such key");
+    google::protobuf::Empty empty;
+    s.fail = co_await stub.Fail(fail, empty, none, asio::deferred);
+    Unserved::Stub unserved(ch);
+    s.unserved = co_await unserved.Nothing(empty, empty, none, asio::deferred);
+
+    // Past its deadline: DEADLINE_EXCEEDED at the deadline, not at the handler's end.
+    SleepRequest sleep;
+    sleep.set_ms(3000);
+    const CallOptions short_timeout{.timeout = 100ms};
+    auto t0 = std::chrono::steady_clock::now();
+    s.deadline = co_await stub.Sleep(sleep, empty, short_timeout, asio::deferred);
+    s.deadline_took = std::chrono::steady_clock::now() - t0;
+
+    // Cancelled through the cancellation slot bound to the caller: CANCELLED at once.
+    asio::cancellation_signal cancel;
+    bool finished = false;
+    sleep.set_ms(10000);
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          google::protobuf::Empty reply;
+          s.cancelled = co_await stub.Sleep(sleep, reply, none, asio::deferred);
+          finished = true;
+        },
+        asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    asio::steady_timer t(ex, 300ms);  // the handler is running by now
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    t0 = std::chrono::steady_clock::now();
+    cancel.emit(asio::cancellation_type::terminal);
+    co_await WaitUntil([&] { return finished; }, 60s);
+    s.cancel_took = std::chrono::steady_clock::now() - t0;
+
+    EchoRequest req;
+    req.set_payload("after");
+    EchoReply reply;
+    s.after = co_await stub.Echo(req, reply, none, asio::deferred);
+    if (s.after.ok() && reply.payload() != "after") s.after = Status(StatusCode::kInternal, "?");
+
+    // A callback, called on the channel's thread.
+    bool called = false;
+    EchoReply cb_reply;
+    stub.Echo(req, cb_reply, none, [&](Status st) {
+      s.callback = std::move(st);
+      called = true;
+    });
+    co_await WaitUntil([&] { return called; }, 60s);
+
+    // use_future from another thread, and asio::deferred from a coroutine on another thread's
+    // io_context (both hop to the channel's thread and back).
+    std::atomic<bool> threads_done{false};
+    std::thread other([&] {
+      EchoReply r1;
+      s.future = stub.Echo(req, r1, none, asio::use_future).get();
+      asio::io_context ioc2(1);
+      auto f = asio::co_spawn(
+          ioc2,
+          [&]() -> asio::awaitable<Status> {
+            EchoReply r2;
+            co_return co_await stub.Echo(req, r2, none, asio::deferred);
+          },
+          asio::use_future);
+      ioc2.run();
+      s.other_thread = f.get();
+      threads_done = true;
+    });
+    co_await WaitUntil([&] { return threads_done.load(); }, 60s);
+    other.join();
+
+    // A channel with an interceptor: it sees the call.
+    ChannelOptions o;
+    o.interceptors = {std::make_shared<RecordingClientInterceptor>("A", j)};
+    TestService::Stub watched(co_await MustConnect(ts->uri, o));
+    s.intercepted = co_await watched.Echo(req, reply, none, asio::deferred);
+
+    // A channel with metrics alone (recorded by the deferred call itself): every way a call
+    // ends is counted once.
+    ChannelOptions mo;
+    mo.interceptors = {metrics->client_interceptor()};
+    TestService::Stub metered(co_await MustConnect(ts->uri, mo));
+    for (int i = 0; i < 5; ++i) (void)co_await metered.Echo(req, reply, none, asio::deferred);
+    (void)co_await metered.Fail(fail, empty, none, asio::deferred);
+    sleep.set_ms(3000);
+    (void)co_await metered.Sleep(sleep, empty, short_timeout, asio::deferred);
+
+    // The connection lost while a call waits (no deadline): UNAVAILABLE.
+    sleep.set_ms(60000);
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(200ms);
+      ts->server.Shutdown();
+    });
+    t0 = std::chrono::steady_clock::now();
+    s.lost = co_await stub.Sleep(sleep, empty, none, asio::deferred);
+    s.lost_took = std::chrono::steady_clock::now() - t0;
+    stopper.join();
+    co_return s;
+  }());
+  CHECK(seen.good == 500);
+  CHECK(seen.fail.code() == StatusCode::kNotFound);
+  CHECK(seen.fail.message() == "no such key");
+  CHECK(seen.unserved.code() == StatusCode::kUnimplemented);
+  CHECK_THAT(seen.unserved.message(), Catch::Contains("/rdmarpc.testing.Unserved/Nothing"));
+  CHECK(seen.deadline.code() == StatusCode::kDeadlineExceeded);
+  CHECK(seen.deadline_took < 2500ms);
+  CHECK(seen.cancelled.code() == StatusCode::kCancelled);
+  CHECK(seen.cancel_took < 1s);
+  CHECK(Eventually([&] { return ts->service.cancelled_seen >= 1; }, 3000ms));
+  CHECK(seen.after.ok());
+  CHECK(seen.callback.ok());
+  CHECK(seen.future.ok());
+  CHECK(seen.other_thread.ok());
+  CHECK(seen.intercepted.ok());
+  CHECK(j.Take() == std::vector<std::string>{"A start /rdmarpc.testing.TestService/Echo",
+                                             "A finish /rdmarpc.testing.TestService/Echo OK"});
+  CHECK(seen.lost.code() == StatusCode::kUnavailable);
+  CHECK(seen.lost_took < 30s);
+  const std::string text = metrics->Render();
+  INFO(text);
+  const auto m = MethodLabels;
+  CHECK(SampleValue(text, "rdmarpc_client_started_total" + m("Echo") + "}") == 5);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Echo") + ",code=\"OK\"}") == 5);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Fail") + ",code=\"NOT_FOUND\"}") ==
+        1);
+  CHECK(SampleValue(text, "rdmarpc_client_handled_total" + m("Sleep") +
+                              ",code=\"DEADLINE_EXCEEDED\"}") == 1);
+  for (const char* method : {"Echo", "Fail", "Sleep"}) {
+    CHECK(SampleValue(text, "rdmarpc_client_in_flight" + m(method) + "}") == 0);
+  }
 }

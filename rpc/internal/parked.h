@@ -92,6 +92,15 @@ inline auto YieldTo(boost::asio::any_io_executor ex) {
 // enough that the other work of its thread waits tens of microseconds, not milliseconds.
 inline constexpr size_t kYieldEveryBytes = 64 << 10;
 
+// The handler Asio hands an async operation of signature void(T) that an asio::awaitable
+// co_awaits (`co_await op(asio::deferred)`: awaitable_frame_base::await_transform): the awaiting
+// coroutine, suspended, with where its result goes. Calling it with the result resumes the
+// coroutine, here and now, and the co_await yields that result; no coroutine frame is built for
+// the operation itself. Destroying it uncalled unwinds the coroutine, as a Resumer does.
+template <class T>
+using AwaitingHandler =
+    boost::asio::detail::awaitable_async_op_handler<void(T), boost::asio::any_io_executor>;
+
 // Takes the Resumer out of `parked` (which holds one), leaving it empty. Take it out before
 // resuming or destroying it: either may free whatever holds `parked`.
 inline Resumer TakeParked(std::optional<Resumer>& parked) {

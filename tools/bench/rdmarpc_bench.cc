@@ -94,6 +94,8 @@ constexpr char kUsage[] =
     "                       instruction counts of rdmarpc alone (tools/bench/lib.sh)\n"
     "  --inline-handler     call CallInline, the same echo served by an inline handler\n"
     "                       (option (rdmarpc.inline_handler), rpc/options.proto), not Call\n"
+    "  --deferred           co_await the stub's completion-token form with asio::deferred (no\n"
+    "                       coroutine frame per call) instead of the awaitable it returns\n"
     "  --timeout-ms MS      each call's timeout (default 30000; 0: calls without a deadline,\n"
     "                       which neither side reads the clock for)\n"
     "  --metrics            record every call in an rdmarpc::Metrics registry (server and\n"
@@ -239,6 +241,7 @@ struct ClientConfig {
   bool json, quiet, verify;
   bool latency = true;                        // time each call (--no-latency: not)
   bool inline_handler = false;                // call CallInline (--inline-handler)
+  bool deferred = false;                      // the completion-token form (--deferred)
   std::chrono::milliseconds timeout{30'000};  // each call's (--timeout-ms; 0: no deadline)
   rdmarpc::ChannelOptions options;
 };
@@ -293,7 +296,13 @@ asio::awaitable<void> Loop(const ClientConfig& cfg, Shared& shared, Worker& w,
     // out of instruction counts.
     const auto t0 = cfg.latency ? Clock::now() : Clock::time_point{};
     rdmarpc::Status s;  // (GCC 12: no co_await inside ?:)
-    if (cfg.inline_handler) {
+    if (cfg.deferred) {
+      if (cfg.inline_handler) {
+        s = co_await stub.CallInline(req, reply, opts, asio::deferred);
+      } else {
+        s = co_await stub.Call(req, reply, opts, asio::deferred);
+      }
+    } else if (cfg.inline_handler) {
       s = co_await stub.CallInline(req, reply, opts);
     } else {
       s = co_await stub.Call(req, reply, opts);
@@ -805,7 +814,8 @@ int main(int argc, char** argv) {
                                      {"verify", false},          {"stream", false},
                                      {"upload", false},          {"metrics", false},
                                      {"no-latency", false},      {"timeout-ms", true},
-                                     {"blocking", false},        {"inline-handler", false}}));
+                                     {"blocking", false},        {"inline-handler", false},
+                                     {"deferred", false}}));
   if (flags.has("help")) {
     std::cout << kUsage;
     return 0;
@@ -825,6 +835,7 @@ int main(int argc, char** argv) {
   cfg.verify = flags.has("verify");
   cfg.latency = !flags.has("no-latency");
   cfg.inline_handler = flags.has("inline-handler");
+  cfg.deferred = flags.has("deferred");
   cfg.timeout = std::chrono::milliseconds(flags.get_int("timeout-ms", 30'000, 0, 86'400'000));
   if (flags.has("metrics")) {
     cfg.options.interceptors.push_back(std::make_shared<rdmarpc::Metrics>()->client_interceptor());

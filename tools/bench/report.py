@@ -478,7 +478,8 @@ CPU_HISTORY = ['Re-measured on the host on 2026-12-02 after finished unary calls
     '',
     "A small cost (2026-12-07, forty-sixth session, f6a29c8): client-stream messages' parsed-size allowance shared by a connection's streams (docs/RELIABILITY.md): one branch more where a call that had a stream ends, and the stream read's allowance asked of the connection as before. `callgrind_pair`, 64 B over TCP, fef9a8b's bench binary and f6a29c8's on the same machine in one hour: server 2,351 -> 2,359 (0.98 and 1.00 sleeps per call), client 2,088 -> 2,088; per function, all of the server's +9 is an `awaitable<Status>` destructor in the handler loop that GCC now compiles with 9 instructions more (as in the fortieth session's entry above), nothing on the new path itself. With `--metrics`: 2,510 / 2,193.",
     "A cut over rdma:// (2026-12-07, forty-seventh session, d4c3260): where CQs are armed by the kernel command (rxe, above), the completion channel's events are read by one raw read() of the channel's descriptor instead of ibv_get_cq_event, whose only other work is the provider's cq_event hook (empty for providers that arm through the kernel), and without glibc's read(), a cancellation point. By hand, vm_bench.sh's callgrind (events mode, 200 and 1,200 calls) in one boot, 9c15343's bench binary and d4c3260's: client 2,906 -> 2,841, server 3,170 -> 3,106 (1.04-1.05 wake-ups per call in both); per function on the client, ibv_get_cq_event (32), read (22) and a pair of cancellation wrappers (30) gone, NextEvent (17) and syscall (+11) new. Tried in the same session and not kept: writes posted through libibverbs' work-request builder (ibv_wr_start, ibv_wr_rdma_write_imm, ibv_wr_set_inline_data, ibv_wr_complete on a QP made by rdma_create_qp_ex) instead of ibv_post_send: rxe's builder costs ~154 instructions per write where its ibv_post_send costs ~181, and the connection's write grew by ~49 (the signalling logic inlined twice, the builder's calls through function pointers): client 2,840 -> 2,829, server 3,103 -> 3,092 in one boot, -11 per side, not worth a second send path.",
-    "A new way to serve, not a cut to the old one (2026-12-07, forty-eighth session): inline handlers. A unary method marked `option (rdmarpc.inline_handler) = true;` (rpc/options.proto) gets a server handler that is a plain function (`Status Method(ServerContext&, const Req&, Resp&)`), run on the connection's I/O thread as the request is parsed: no pooled coroutine to resume, park and keep (`HandlerPool::Run` and `Loop`, the awaitable frames of the user's coroutine, the cancellation hook), its request and reply in a per-thread scratch pair, its `ServerCall` left where `OnRequest` built it (no move into a job), and the call holding its connection and peer string without reference counts (`Unowned`: the call ends before the transport's delivery returns, and the transport's close notice is always posted). `rdmarpc_bench --inline-handler` calls `CallInline`, the same echo served that way. `callgrind_pair` (64 B over TCP) on this session's AMD EPYC host, step by step: server 2,350 (coroutine handler) -> 1,819 (inline, first version) -> 1,771 (no reference counts) -> 1,638 (scratch pair, call in place); client 2,103-2,104 throughout (its code is the same). Over rdma:// in the VM, vm_bench.sh's callgrind by hand (events mode, 200 and 1,200 calls), the same binary in one boot: server 3,098 with the coroutine handler, 2,383 with the inline one (2,563 for the first version, another boot); client 2,854 either way. The coroutine path is unchanged (server 3,103 -> 3,098 in the VM, 2,350 -> 2,354 over TCP: noise)."]
+    "A new way to serve, not a cut to the old one (2026-12-07, forty-eighth session): inline handlers. A unary method marked `option (rdmarpc.inline_handler) = true;` (rpc/options.proto) gets a server handler that is a plain function (`Status Method(ServerContext&, const Req&, Resp&)`), run on the connection's I/O thread as the request is parsed: no pooled coroutine to resume, park and keep (`HandlerPool::Run` and `Loop`, the awaitable frames of the user's coroutine, the cancellation hook), its request and reply in a per-thread scratch pair, its `ServerCall` left where `OnRequest` built it (no move into a job), and the call holding its connection and peer string without reference counts (`Unowned`: the call ends before the transport's delivery returns, and the transport's close notice is always posted). `rdmarpc_bench --inline-handler` calls `CallInline`, the same echo served that way. `callgrind_pair` (64 B over TCP) on this session's AMD EPYC host, step by step: server 2,350 (coroutine handler) -> 1,819 (inline, first version) -> 1,771 (no reference counts) -> 1,638 (scratch pair, call in place); client 2,103-2,104 throughout (its code is the same). Over rdma:// in the VM, vm_bench.sh's callgrind by hand (events mode, 200 and 1,200 calls), the same binary in one boot: server 3,098 with the coroutine handler, 2,383 with the inline one (2,563 for the first version, another boot); client 2,854 either way. The coroutine path is unchanged (server 3,103 -> 3,098 in the VM, 2,350 -> 2,354 over TCP: noise).",
+    "A new way to call, not a cut to the old one (2026-12-08, forty-ninth session): the stubs' completion-token form. Every unary method's stub also takes an Asio completion token after the options; `co_await stub.Method(request, reply, options, asio::deferred)` from a coroutine on the channel's thread hands the call, through Asio's await_transform for asynchronous operations, a handler that holds the suspended caller (`AwaitingHandler`, rpc/internal/parked.h): `ChannelCore::TryCallParked` sends the request and keeps that handler in the call's slot, and the reply's delivery calls it with the Status. No coroutine frame of the call's own (its allocation, ramp, start, resumption and destruction, and the pump's second frame), no `shared_ptr` copy of the channel per call. Deadlines, cancellation and a lost connection end such a call as they end the awaitable form's (`EndUnary`, shared by both); a metrics recorder alone is run in place, other interceptors, other tokens and callers on other threads go through the coroutine. `rdmarpc_bench --deferred` calls that way. `callgrind_pair` (64 B over TCP) on this session's AMD EPYC host: client 2,103 (9c70ea8's build) -> 2,060 (the plain form, this build) -> 1,692 (deferred); server 2,354 throughout. Over rdma:// in the VM, vm_bench.sh's callgrind by hand (events mode, 200 and 1,200 calls) in one boot: client 2,815 (plain) -> 2,443 (deferred), server 3,098 (2,854 / 3,087 with 9c70ea8's binary in another boot)."]
 
 
 
@@ -720,15 +721,22 @@ def main():
             w(f"| CPU: 64 B echo over rdma:// (VM, events mode), at most 2,500 instructions per call "
               f"on the {side} | {rdma_ir[side]:,}{sleeps_note(rdma_cg, side)} | "
               f"{cpu_met(rdma_ir[side], rdma_cg, side)} |")
-    # The same echo served by an inline handler (a plain function: rpc/options.proto). The
-    # client's code is the same either way; its rows are in the CPU section.
+    # The same echo served by an inline handler (a plain function: rpc/options.proto), and
+    # since the forty-ninth session called with asio::deferred (no coroutine frame per call:
+    # rows marked "client": "deferred"); before, the client's code was the plain one and only
+    # the server's row is a target row.
     for rows, ir_of, where in ((cpu_inline, inline_ir, "TCP"),
                                (rdma_inline, rdma_inline_ir, "rdma:// (VM, events mode)")):
-        if "server" in ir_of:
-            w(f"| CPU: the same over {where} with an inline handler "
-              f"(`option (rdmarpc.inline_handler)`), at most 2,500 on the server | "
-              f"{ir_of['server']:,}{sleeps_note(rows, 'server')} | "
-              f"{cpu_met(ir_of['server'], rows, 'server')} |")
+        fast = any(r.get("client") == "deferred" for r in rows)
+        for side in ("client", "server") if fast else ("server",):
+            if side not in ir_of:
+                continue
+            how = ("with the fast forms (an inline handler, `option (rdmarpc.inline_handler)`, "
+                   "called with `asio::deferred`)" if fast else
+                   "with an inline handler (`option (rdmarpc.inline_handler)`)")
+            w(f"| CPU: the same over {where} {how}, at most 2,500 on the {side} | "
+              f"{ir_of[side]:,}{sleeps_note(rows, side)} | "
+              f"{cpu_met(ir_of[side], rows, side)} |")
     t64 = next((r for r in tcp if r.get("kind") == "tcp" and r["bytes"] == 64 and r["depth"] == 1), None)
     if t64:
         q = tcp_round_ratio(t64)
@@ -753,6 +761,17 @@ def main():
     if wl and ad:
         q = ad["p50_us"] / (2 * wl["half_rtt_typical_us"])
         w(latency_target_row(rdma, "RDMA (VM), default settings (adaptive polling): 64 B round trip within 1.5x of ib_write_lat", q, "adaptive", 64, 1.5))
+    # The latency rounds with the fast forms (vm_bench.sh's MODE-fast; none before the
+    # forty-ninth session): the same targets, for servers and clients that use them.
+    for mode, label, target in (("busy-poll-fast", "busy-poll", 1.3), ("adaptive-fast", "default settings (adaptive polling)", 1.5)):
+        rr = round_ratios(rdma, mode, 64)
+        if rr:
+            m = statistics.median(rr)
+            each = " / ".join(f"{x:.2f}x" for x in rr)
+            w(f"| RDMA (VM), {label}, with the fast forms (an inline handler, calls co_awaited "
+              f"with `asio::deferred`): 64 B round trip within {target}x of ib_write_lat | "
+              f"{m:.2f}x (median of {len(rr)} interleaved rounds: {each}) | "
+              f"{'yes' if m <= target else 'no'} |")
     if idle_cpu.get("adaptive") is not None:
         c = idle_cpu["adaptive"]
         w(f"| RDMA (VM), default settings: idle server under 1% of a core | {c:.2f}% | {'yes' if c < 1 else 'no'} |")
@@ -859,12 +878,15 @@ def main():
       "On the server, a handler that need not wait can skip the coroutine machinery: marked "
       "`option (rdmarpc.inline_handler)` it is a plain function, and the server's count "
       "falls by ~700 per call on either transport (the inline rows of the CPU section), under "
-      "the target over rdma:// as well. The client's call stays a coroutine (the stubs' API: "
-      "`co_await stub.Method(...)` on an `awaitable<Status>`): one frame per call, allocated, "
-      "started, suspended while the request goes out, resumed by the reply and destroyed, "
-      "~350 of the client's count with the `shared_ptr` that keeps the channel alive while it "
-      "waits; what would cut it is an awaitable of the stubs' own in place of Asio's, an API "
-      "change not made. "
+      "the target over rdma:// as well. On the client, the plain form "
+      "(`co_await stub.Method(...)` on the `awaitable<Status>` it returns) is a coroutine: one "
+      "frame per call, allocated, started, suspended while the request goes out, resumed by "
+      "the reply and destroyed, ~370-410 of the client's count with the `shared_ptr` that "
+      "keeps the channel alive while it waits. The stubs' completion-token form, co_awaited "
+      "with `asio::deferred`, has none of that (the caller's own coroutine is resumed from "
+      "the call's slot), and the client's count is then under the target over rdma:// too "
+      "(the inline rows). The plain form stays as it was: code that passes its awaitable on "
+      "(co_spawn, awaitable operators) keeps working. "
       "The steps taken so far, with their figures: \"CPU cuts, step by step\" in "
       "[bench/HISTORY.md](bench/HISTORY.md).")
     w("- RDMA 4 KiB round trip. The guest's rxe runs at a path MTU of 1024 bytes (rxe0 on a "
@@ -1278,7 +1300,9 @@ def main():
         waits_in_vm = {r["side"]: sleeps(rdma_inline, r["side"]) for r in rdma_inline}
         for r in cpu_inline:
             v = rdma_inline_ir.get(r["side"])
-            w(f"| {r['side']}, inline handler | {r['ir_per_call']:,} "
+            how = ("called with asio::deferred" if r["side"] == "client" else "inline handler") \
+                if r.get("client") == "deferred" else "inline handler"
+            w(f"| {r['side']}, {how} | {r['ir_per_call']:,} "
               f"| {fmt(waits_in.get(r['side']), '{:.2f}')} | {fmt(v, '{:,}')} "
               f"| {fmt(waits_in_vm.get(r['side']), '{:.2f}')} |")
         w("")
@@ -1288,8 +1312,15 @@ def main():
               "--inline-handler` calls it): the server's handler is a plain function run as the "
               "request is parsed, not a coroutine (none to resume, park and keep; its call holds "
               "the connection without a reference count), for handlers that answer at once "
-              "from memory. The client's code is the same for both; its rows differ only by "
-              "noise.")
+              "from memory.")
+            if any(r.get("client") == "deferred" for r in cpu_inline):
+                w(" \"Called with asio::deferred\": the client co_awaits the stub's "
+                  "completion-token form, `co_await stub.Call(req, reply, options, "
+                  "asio::deferred)` (`rdmarpc_bench --deferred`), not the awaitable the plain "
+                  "form returns: no coroutine frame per call, the caller resumed with the Status "
+                  "from its slot when the reply is delivered.")
+            else:
+                w(" The client's code is the same for both; its rows differ only by noise.")
             w("")
         if None in waits.values() or not waits_vm or None in waits_vm.values():
             w("-: not recorded by this run (its scripts predate the column).")

@@ -99,10 +99,12 @@ for side in client server; do
   callgrind_annotate "$res/$side.12000.cg" 2>/dev/null | grep -E '^ *[0-9,]+ \(' |
     grep -v 'PROGRAM TOTALS' | awk 'NR <= 15' > "$res/$side.top.txt"
 done
-# The same with the echo served by an inline handler (option (rdmarpc.inline_handler),
-# rpc/options.proto: rdmarpc_bench --inline-handler calls CallInline), rows marked "handler".
-callgrind_pair $bin/rdmarpc_bench "$res/inline." --inline-handler
-cpu_rows "$res/inline." ',"handler":"inline"'
+# The same with the fast forms on both sides, rows marked "handler" and "client": the echo
+# served by an inline handler (option (rdmarpc.inline_handler), rpc/options.proto:
+# rdmarpc_bench --inline-handler calls CallInline), and called through the stub's
+# completion-token form with asio::deferred (--deferred: no coroutine frame per call).
+callgrind_pair $bin/rdmarpc_bench "$res/inline." --inline-handler --deferred
+cpu_rows "$res/inline." ',"handler":"inline","client":"deferred"'
 
 echo "== metrics overhead: --metrics off and on, interleaved (tools/bench/metrics_overhead.sh)"
 bash tools/bench/metrics_overhead.sh 11 >"$res/metrics_overhead.md"

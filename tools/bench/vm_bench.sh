@@ -123,12 +123,16 @@ for round in 1 2 3; do
     line=$(perf_line ib_write_lat "$size" 2000)
     set -- $line
     [ $# -ge 6 ] && echo "{\"kind\":\"round\",\"round\":$round,\"bytes\":$size,\"what\":\"ib_write_lat\",\"rtt_us\":$(awk -v h="$5" 'BEGIN { printf "%.2f", 2 * h }')}" >> "$out"
-    for mode in busy-poll adaptive; do
-      [ "$size" = 4096 ] && [ "$mode" = adaptive ] && continue  # no target for it
-      mode_flags "$mode"
+    # MODE-fast: the same polling with the fast forms (the echo served by an inline handler and
+    # called with asio::deferred: rdmarpc_bench --inline-handler --deferred), 64 B only.
+    for mode in busy-poll adaptive busy-poll-fast adaptive-fast; do
+      [ "$size" = 4096 ] && [ "$mode" != busy-poll ] && continue  # no target for it
+      fast=()
+      [ "$mode" != "${mode%-fast}" ] && fast=(--inline-handler --deferred)
+      mode_flags "${mode%-fast}"
       start_server "${flags[@]}"
-      p50=$(run_client "${flags[@]}" --request-bytes "$size" --duration 3 --warmup 1 --json |
-            json_field p50_us)
+      p50=$(run_client "${flags[@]}" "${fast[@]}" --request-bytes "$size" --duration 3 \
+            --warmup 1 --json | json_field p50_us)
       [ -n "$p50" ] && echo "{\"kind\":\"round\",\"round\":$round,\"bytes\":$size,\"what\":\"$mode\",\"rtt_us\":$p50}" >> "$out"
       stop_server "$server" "$mode"
     done
@@ -175,14 +179,15 @@ done
 # bench's own timing of each call is not counted (as on the host, tools/bench/lib.sh).
 . tools/bench/lib.sh  # cg_total, cg_sleeps
 # Then the same with --metrics on both sides ("metrics":true), for what metrics cost per call,
-# and with the echo served by an inline handler ("handler":"inline": the client calls
-# CallInline, rdmarpc_bench --inline-handler; rpc/options.proto).
+# and with the fast forms ("handler":"inline","client":"deferred": the echo served by an inline
+# handler, rpc/options.proto, and called with asio::deferred; rdmarpc_bench --inline-handler
+# --deferred).
 cgdir=$(mktemp -d)
 for variant in off on inline; do
   mflag=()
   cflag=()
   [ "$variant" = on ] && mflag=(--metrics)
-  [ "$variant" = inline ] && cflag=(--inline-handler)
+  [ "$variant" = inline ] && cflag=(--inline-handler --deferred)
   for n in 200 1200; do
     valgrind --tool=callgrind --callgrind-out-file="$cgdir/server.$n" $bin/rdmarpc_bench --server \
       --listen "rdma://$addr:7490" --poll-spin-us 0 "${mflag[@]}" >"$cgdir/server.log" 2>&1 &
@@ -195,7 +200,7 @@ for variant in off on inline; do
   done
   extra=""
   [ "$variant" = on ] && extra=",\"metrics\":true"
-  [ "$variant" = inline ] && extra=",\"handler\":\"inline\""
+  [ "$variant" = inline ] && extra=",\"handler\":\"inline\",\"client\":\"deferred\""
   for side in client server; do
     a=$(cg_total "$cgdir/$side.200"); b=$(cg_total "$cgdir/$side.1200")
     wa=$(cg_sleeps "$cgdir/$side.200"); wb=$(cg_sleeps "$cgdir/$side.1200")

@@ -308,12 +308,32 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
                  "// Fills `reply` (which must outlive the co_await) instead of returning it.\n"
                  "::boost::asio::awaitable<::rdmarpc::Status> $name$(\n"
                  "    const $req$& request, $resp$& reply,\n"
-                 "    const ::rdmarpc::CallOptions& options = {});\n");
+                 "    const ::rdmarpc::CallOptions& options = {});\n"
+                 "// The same as an Asio asynchronous operation completing with the Status\n"
+                 "// through `token`: `co_await stub.$name$(request, reply, options,\n"
+                 "// boost::asio::deferred)` costs no coroutine frame of its own. `options`\n"
+                 "// too must outlive it (rdmarpc::Channel::Call).\n"
+                 "template <class CompletionToken>\n"
+                 "auto $name$(const $req$& request, $resp$& reply,\n"
+                 "    const ::rdmarpc::CallOptions& options, CompletionToken&& token) {\n"
+                 "  return rdmarpc_channel_->Call(rdmarpc_$name$_info, request, reply, options,\n"
+                 "      ::std::forward<CompletionToken>(token));\n"
+                 "}\n");
+      }
+      p->Outdent();
+      p->Outdent();
+      p->Print("   private:\n");
+      p->Indent();
+      p->Indent();
+      for (int j = 0; j < s->method_count(); ++j) {
+        if (KindOf(s->method(j)) != Kind::kUnary) continue;
+        p->Print(MethodVars(s->method(j)),
+                 "static constexpr ::rdmarpc::MethodInfo rdmarpc_$name$_info{\"$wire$\", $id$,\n"
+                 "    ::rdmarpc::MethodKind::kUnary};\n");
       }
       p->Outdent();
       p->Outdent();
       p->Print(
-          "   private:\n"
           "    ::std::shared_ptr<::rdmarpc::Channel> rdmarpc_channel_;\n"
           "  };\n\n"
           "  // Blocking client for ordinary code. Not for use on the channel's own thread.\n"
@@ -476,13 +496,13 @@ class Generator final : public google::protobuf::compiler::CodeGenerator {
             "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
             "  $resp$ reply;\n"
             "  ::rdmarpc::Status status = co_await rdmarpc_channel_->Call(\n"
-            "      ::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+            "      rdmarpc_$name$_info, request, reply, options);\n"
             "  if (!status.ok()) co_return status;\n"
             "  co_return ::std::move(reply);\n"
             "}\n\n"
             "::boost::asio::awaitable<::rdmarpc::Status> $svc$::Stub::$name$(\n"
             "    const $req$& request, $resp$& reply, const ::rdmarpc::CallOptions& options) {\n"
-            "  return rdmarpc_channel_->Call(::$tag$::k$svc$_$j$_info, request, reply, options);\n"
+            "  return rdmarpc_channel_->Call(rdmarpc_$name$_info, request, reply, options);\n"
             "}\n\n"
             "::rdmarpc::Result<$resp$> $svc$::BlockingStub::$name$(\n"
             "    const $req$& request, const ::rdmarpc::CallOptions& options) {\n"
