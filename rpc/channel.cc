@@ -1205,36 +1205,45 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
   // ResumeCallerNow for a call started by TryCallParked: its Status to its caller, here and now.
   void EndParked(Slot& s, uint32_t index) {
     internal::AwaitingHandler<Status> h = TakeParkedHandler(s, /*from_cancellation=*/false);
-    MethodStats* const stats = s.stats;
-    if (s.status.ok()) {
-      if (stats) stats->Finished(StatusCode::kOk, Clock::now() - s.intercepted_at, 0, 0);
-      FreeSlot(index);
-      std::move(h)(Status());
-      return;
-    }
-    const Clock::time_point started = s.intercepted_at;
-    Status status = EndUnary(index, *s.method, s.timeout, false);
-    if (stats) stats->Finished(status.code(), Clock::now() - started, 0, 0);
-    std::move(h)(std::move(status));
+    if (!s.status.ok()) return FinishParked(index, std::move(h), false);
+    // The usual end, without EndUnary's Status moves.
+    if (s.stats) s.stats->Finished(StatusCode::kOk, Clock::now() - s.intercepted_at, 0, 0);
+    FreeSlot(index);
+    std::move(h)(Status());
   }
 
   // Wakes a call started by TryCallParked for another reason than its reply (cancellation,
   // deadline, lost connection), from the event loop as ResumeWaiter does: its end (EndUnary) is
   // worked out there, where a reply that came meanwhile still counts.
   void WakeParked(uint32_t index, bool from_cancellation) {
-    Slot& s = calls_[index];
     asio::post(executor_, [self = shared_from_this(), index,
-                           h = TakeParkedHandler(s, from_cancellation),
+                           h = TakeParkedHandler(calls_[index], from_cancellation),
                            from_cancellation]() mutable {
-      Slot& slot = self->calls_[index];
-      MethodStats* const stats = slot.stats;
-      const Clock::time_point started = slot.intercepted_at;
-      Status status = self->EndUnary(index, *slot.method, slot.timeout,
-                                     from_cancellation || h.get_cancellation_state().cancelled() !=
-                                                              asio::cancellation_type::none);
-      if (stats) stats->Finished(status.code(), Clock::now() - started, 0, 0);
-      std::move(h)(std::move(status));
+      const bool cancelled = from_cancellation || h.get_cancellation_state().cancelled() !=
+                                                      asio::cancellation_type::none;
+      self->FinishParked(index, std::move(h), cancelled);
     });
+  }
+
+  // The end of parked call `index` (EndUnary), told to its metrics recorder and then to its
+  // caller, through `h` (taken from the slot).
+  void FinishParked(uint32_t index, internal::AwaitingHandler<Status>&& h, bool cancelled) {
+    Slot& s = calls_[index];
+    MethodStats* const stats = s.stats;
+    const Clock::time_point started = s.intercepted_at;
+    Status status = EndUnary(index, *s.method, s.timeout, cancelled);
+    if (stats) stats->Finished(status.code(), Clock::now() - started, 0, 0);
+    std::move(h)(std::move(status));
+  }
+
+  // Resumes the caller waiting on call `index` (a parked one included): its deadline passed, or
+  // its connection went.
+  void WakeCaller(Slot& s, uint32_t index) {
+    if (s.parked) {
+      WakeParked(index, /*from_cancellation=*/false);
+    } else {
+      Resume(s);
+    }
   }
 
   internal::AwaitingHandler<Status> TakeParkedHandler(Slot& s, bool from_cancellation) {
@@ -1279,11 +1288,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       }
       if (!s.resume && !s.write_resume && !s.parked) continue;
       if (s.deadline <= now) {
-        if (s.parked) {
-          WakeParked(i, /*from_cancellation=*/false);
-        } else {
-          Resume(s);
-        }
+        WakeCaller(s, i);
       } else {
         next = std::min(next, s.deadline);
       }
@@ -1654,11 +1659,7 @@ class ChannelCore final : public FrameEndpoint<ChannelCore>,
       if (s.active && s.sent && !s.done) {
         s.status = Status(StatusCode::kUnavailable, "connection to " + target_ + " lost: " + why);
         s.done = true;
-        if (s.parked) {
-          WakeParked(i, /*from_cancellation=*/false);
-        } else {
-          Resume(s);
-        }
+        WakeCaller(s, i);
       }
     }
   }

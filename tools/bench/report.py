@@ -1326,8 +1326,8 @@ def main():
         waits_in_vm = {r["side"]: sleeps(rdma_inline, r["side"]) for r in rdma_inline}
         for r in cpu_inline:
             v = rdma_inline_ir.get(r["side"])
-            how = ("called with asio::deferred" if r["side"] == "client" else "inline handler") \
-                if r.get("client") == "deferred" else "inline handler"
+            how = ("called with asio::deferred"
+                   if r["side"] == "client" and r.get("client") == "deferred" else "inline handler")
             w(f"| {r['side']}, {how} | {r['ir_per_call']:,} "
               f"| {fmt(waits_in.get(r['side']), '{:.2f}')} | {fmt(v, '{:,}')} "
               f"| {fmt(waits_in_vm.get(r['side']), '{:.2f}')} |")
